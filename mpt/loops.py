@@ -1,0 +1,65 @@
+"""The two training paths. They differ only in who drives the step.
+
+Both take the same model, optimizer, `Data` and Keras callbacks. `fit` hands them to
+Keras; `custom` drives mpt's own tf.function steps (mpt/steps.py) through a Keras
+`CallbackList` in the same order fit does (train begin, epoch begin, batch begin/end,
+validation, epoch end), so the same callbacks time, log and draw the progress bar for
+both, and a batch's logs are materialised (`pythonify_logs`) before any callback sees
+them: the step's result exists when its time is taken.
+"""
+
+import keras
+
+from mpt import steps as steps_lib
+from mpt.config import Config
+from mpt.data import Data
+
+Logs = dict[str, float]
+
+
+def run_fit(model: keras.Model, optimizer: keras.optimizers.Optimizer, data: Data,
+            cfg: Config, callbacks: list[keras.callbacks.Callback]) -> Logs:
+  # jit_compile is explicit: Keras' "auto" turns XLA on for fit on a GPU only, which
+  # would make fit and custom differ in more than who drives the step.
+  model.compile(optimizer=optimizer, loss=steps_lib.make_loss(),
+                metrics=steps_lib.make_metrics(), jit_compile=cfg.jit_compile)
+  history = model.fit(data.train, epochs=cfg.epochs, steps_per_epoch=data.steps_per_epoch,
+                      validation_data=data.val, callbacks=callbacks, verbose=cfg.verbose,
+                      shuffle=False)  # The pipeline shuffles; fit cannot.
+  return {k: float(v[-1]) for k, v in history.history.items()}
+
+
+def evaluate(steps: steps_lib.Steps, data: Data) -> Logs:
+  steps.reset()
+  logs = {}
+  for images, labels in data.val:
+    logs = steps.eval_step(images, labels)
+  return {k: float(v) for k, v in logs.items()}
+
+
+def run_custom(model: keras.Model, optimizer: keras.optimizers.Optimizer, data: Data,
+               cfg: Config, callbacks: list[keras.callbacks.Callback]) -> Logs:
+  steps = steps_lib.Steps(model, optimizer, jit_compile=cfg.jit_compile)
+  callbacks = keras.callbacks.CallbackList(
+      callbacks, add_history=True, add_progbar=cfg.verbose != 0, verbose=cfg.verbose,
+      epochs=cfg.epochs, steps=data.steps_per_epoch, model=model)
+  iterator = iter(data.train)
+  epoch_logs: Logs = {}
+  callbacks.on_train_begin()
+  for epoch in range(cfg.epochs):
+    steps.reset()
+    callbacks.on_epoch_begin(epoch)
+    logs = {}
+    for step in range(data.steps_per_epoch):
+      callbacks.on_train_batch_begin(step)
+      images, labels = next(iterator)
+      logs = steps.train_step(images, labels)
+      callbacks.on_train_batch_end(step, logs)
+    epoch_logs = {k: float(v) for k, v in logs.items()}
+    epoch_logs.update({f"val_{k}": v for k, v in evaluate(steps, data).items()})
+    callbacks.on_epoch_end(epoch, epoch_logs)
+  callbacks.on_train_end(epoch_logs)
+  return epoch_logs
+
+
+LOOPS = {"fit": run_fit, "custom": run_custom}

@@ -1,0 +1,129 @@
+"""Mixed-precision policy: set it, describe it, check the hardware, build the optimizer.
+
+The policy is set globally before the model is built, so every layer picks it up
+without a dtype argument. Under mixed_float16 the optimizer is a Keras
+`LossScaleOptimizer` with dynamic loss scaling in both loops (Keras `compile` would
+wrap it itself for fit; mpt wraps it first so fit and the custom loop share the very
+same optimizer). float16 has too few exponent bits for small gradients; bfloat16 has
+float32's range and needs no loss scaling.
+"""
+
+import pathlib
+import platform
+
+from absl import logging
+import keras
+import tensorflow as tf
+
+
+def set_policy(name: str) -> keras.DTypePolicy:
+  """Sets the global Keras dtype policy; returns it."""
+  keras.mixed_precision.set_global_policy(name)
+  return keras.mixed_precision.global_policy()
+
+
+def describe(policy: keras.DTypePolicy) -> str:
+  return (f"Policy: {policy.name}  compute dtype: {policy.compute_dtype}  "
+          f"variable dtype: {policy.variable_dtype}")
+
+
+def cpu_flags() -> set[str]:
+  """The CPU feature flags the kernel reports (empty where /proc/cpuinfo is absent)."""
+  try:
+    text = pathlib.Path("/proc/cpuinfo").read_text()
+  except OSError:
+    return set()
+  for line in text.splitlines():
+    if line.startswith("flags"):
+      return set(line.split(":", 1)[1].split())
+  return set()
+
+
+def cpu_name() -> str:
+  try:
+    for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+      if line.startswith("model name"):
+        return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or platform.machine()
+
+
+def gpu_compute_capabilities() -> list[tuple[int, int]]:
+  """(major, minor) of each visible GPU; empty on a CPU-only machine."""
+  caps = []
+  for gpu in tf.config.list_physical_devices("GPU"):
+    cc = tf.config.experimental.get_device_details(gpu).get("compute_capability")
+    if cc:
+      caps.append(tuple(cc))
+  return caps
+
+
+def slow_path_warning(policy: str, flags: set[str],
+                      gpu_caps: list[tuple[int, int]]) -> str | None:
+  """Why `policy` has no fast 16-bit path on this hardware, or None if it has one.
+
+  On a GPU machine the GPU decides; otherwise the CPU's flags do. float16 is fast on
+  GPUs with Tensor Cores (compute capability >= 7.0) and on CPUs with AVX512_FP16 or
+  AMX-FP16; bfloat16 on GPUs >= 8.0 and on CPUs with AVX512_BF16 or AMX-BF16.
+  """
+  if policy == "float32":
+    return None
+  half = "float16" if policy == "mixed_float16" else "bfloat16"
+  if gpu_caps:
+    need = (7, 0) if half == "float16" else (8, 0)
+    slow = [cc for cc in gpu_caps if cc < need]
+    if not slow:
+      return None
+    cc = ".".join(map(str, slow[0]))
+    return (f"{policy}: GPU compute capability {cc} has no Tensor Core {half} path "
+            f"(needs >= {need[0]}.{need[1]}); expect little or no speed-up over "
+            f"float32" + ("; try mixed_float16" if half == "bfloat16" and
+                          slow[0] >= (7, 0) else ""))
+  if half == "float16":
+    if flags & {"avx512_fp16", "amx_fp16"}:
+      return None
+    better = ("mixed_bfloat16" if flags & {"avx512_bf16", "amx_bf16"} else "float32")
+    return (f"{policy}: this CPU ({cpu_name()}) has no AVX512_FP16/AMX-FP16, so float16 "
+            f"math is emulated and runs several times slower than float32; use "
+            f"--policy={better}")
+  if flags & {"avx512_bf16", "amx_bf16"}:
+    return None
+  return (f"{policy}: this CPU ({cpu_name()}) has no AVX512_BF16/AMX-BF16, so bfloat16 "
+          f"math is emulated and is unlikely to beat float32; use --policy=float32")
+
+
+def warn_if_slow(policy: str) -> str | None:
+  """Logs (once per run) the slow-path warning for this machine; returns it."""
+  message = slow_path_warning(policy, cpu_flags(), gpu_compute_capabilities())
+  if message:
+    logging.warning("%s", message)
+    print(f"WARNING: {message}", flush=True)
+  return message
+
+
+def make_optimizer(policy: str, learning_rate: float) -> keras.optimizers.Optimizer:
+  """Adam, wrapped in a dynamic LossScaleOptimizer under mixed_float16."""
+  optimizer = keras.optimizers.Adam(learning_rate)
+  if policy == "mixed_float16":
+    optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+  return optimizer
+
+
+def loss_scale(optimizer: keras.optimizers.Optimizer) -> float | None:
+  """The current dynamic loss scale, or None without loss scaling."""
+  if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+    if not optimizer.built:  # The scale variable exists once the optimizer is built.
+      return float(optimizer.initial_scale)
+    return float(optimizer.dynamic_scale.numpy())
+  return None
+
+
+def skipped_steps(optimizer: keras.optimizers.Optimizer, steps_run: int) -> int:
+  """Steps whose update was skipped for non-finite gradients.
+
+  A LossScaleOptimizer does not advance the inner optimizer's `iterations` on a
+  skipped step, so the gap between steps run and iterations counts them, the same way
+  for fit and the custom loop.
+  """
+  return int(steps_run - int(optimizer.iterations.numpy()))

@@ -1,0 +1,74 @@
+"""Loss, metrics and the train/eval steps: the one definition both loops share.
+
+`fit` gets `make_loss()` and `make_metrics()` through `model.compile`; the custom loop
+builds its tf.function steps from the same two factories, so both report the same
+`loss` (batch-size-weighted mean, as Keras' loss tracker) and `accuracy`.
+
+The custom train step follows Keras 3's loss-scaling protocol, one code path for all
+three policies: `optimizer.scale_loss(loss)` inside the tape (identity for a plain
+optimizer, times the dynamic scale for a LossScaleOptimizer), gradients of the scaled
+loss, then `optimizer.apply(grads, vars)`, which under loss scaling unscales, skips
+the update when a gradient is not finite, and halves the scale.
+"""
+
+from typing import Callable
+
+import keras
+import tensorflow as tf
+
+StepFn = Callable[[tf.Tensor, tf.Tensor], dict[str, tf.Tensor]]
+
+
+def make_loss() -> keras.losses.Loss:
+  # The model's output is a float32 softmax, so the loss is computed in float32.
+  return keras.losses.SparseCategoricalCrossentropy(name="loss")
+
+
+def make_metrics() -> list[keras.metrics.Metric]:
+  return [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
+
+
+class Steps:
+  """The custom loop's compiled train and eval steps, with their metric state."""
+
+  def __init__(self, model: keras.Model, optimizer: keras.optimizers.Optimizer,
+               jit_compile: bool = False):
+    self.model, self.optimizer = model, optimizer
+    self.loss_fn = make_loss()
+    self.loss_tracker = keras.metrics.Mean(name="loss")
+    self.metrics = [self.loss_tracker] + make_metrics()
+    # Variables must exist before the first trace: tf.function cannot create them.
+    optimizer.build(model.trainable_variables)
+    compile_ = lambda fn: tf.function(fn, jit_compile=jit_compile, reduce_retracing=True)
+    self.train_step: StepFn = compile_(self._train_step)
+    self.eval_step: StepFn = compile_(self._eval_step)
+
+  def reset(self) -> None:
+    for metric in self.metrics:
+      metric.reset_state()
+
+  def _update(self, loss, labels, probs) -> dict[str, tf.Tensor]:
+    self.loss_tracker.update_state(loss, sample_weight=tf.shape(labels)[0])
+    for metric in self.metrics[1:]:
+      metric.update_state(labels, probs)
+    return {metric.name: metric.result() for metric in self.metrics}
+
+  def _loss(self, labels, probs) -> tf.Tensor:
+    loss = self.loss_fn(labels, probs)
+    if self.model.losses:  # Regularisers, as Keras' compute_loss adds them.
+      loss += tf.add_n([tf.cast(l, loss.dtype) for l in self.model.losses])
+    return loss
+
+  def _train_step(self, images, labels) -> dict[str, tf.Tensor]:
+    variables = self.model.trainable_variables
+    with tf.GradientTape() as tape:
+      probs = self.model(images, training=True)
+      loss = self._loss(labels, probs)
+      scaled_loss = self.optimizer.scale_loss(loss)
+    grads = tape.gradient(scaled_loss, variables)
+    self.optimizer.apply(grads, variables)
+    return self._update(loss, labels, probs)
+
+  def _eval_step(self, images, labels) -> dict[str, tf.Tensor]:
+    probs = self.model(images, training=False)
+    return self._update(self._loss(labels, probs), labels, probs)

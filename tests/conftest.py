@@ -1,0 +1,51 @@
+"""Shared fixtures: tiny configs on generated data, and reading TensorBoard events back."""
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import pathlib
+
+import pytest
+
+from mpt import config
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory) -> pathlib.Path:
+  """One synthetic-data cache for the whole session (generated on first use)."""
+  return tmp_path_factory.mktemp("data")
+
+
+@pytest.fixture
+def tiny(tmp_path, data_dir):
+  """Returns a factory of Configs that train for seconds: 32 px, 64 images, batch 8."""
+  def make(**overrides) -> config.Config:
+    values = dict(image_size=32, batch_size=8, epochs=3, synthetic_train=64,
+                  synthetic_val=32, synthetic_px=40, warmup_steps=2, verbose=0,
+                  learning_rate=3e-3, logdir=str(tmp_path / "logs"),
+                  data_dir=str(data_dir))
+    values.update(overrides)
+    return config.Config(**values)
+  return make
+
+
+def read_events(run_dir) -> dict[str, list[tuple[int, object]]]:
+  """{tag: [(step, value), ...]} of every summary in run_dir's event files.
+
+  Scalars come back as floats, text summaries as str.
+  """
+  import tensorflow as tf
+  from tensorboard.backend.event_processing import event_accumulator
+  acc = event_accumulator.EventAccumulator(
+      str(run_dir), size_guidance={event_accumulator.TENSORS: 0})
+  acc.Reload()
+  decode = lambda v: v.decode() if isinstance(v, bytes) else float(v)
+  return {tag: [(e.step, decode(tf.make_ndarray(e.tensor_proto).item()))
+                for e in acc.Tensors(tag)]
+          for tag in acc.Tags()["tensors"]}
+
+
+def read_scalars(run_dir) -> dict[str, list[tuple[int, float]]]:
+  return {tag: values for tag, values in read_events(run_dir).items()
+          if values and isinstance(values[0][1], float)}

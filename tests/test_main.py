@@ -1,0 +1,87 @@
+"""The command line as a user meets it: real child processes, exit codes, stderr."""
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import read_events
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def mpt(*args: str, **kwargs) -> subprocess.CompletedProcess:
+  return subprocess.run([sys.executable, "-m", "mpt.main", *args], cwd=ROOT,
+                        capture_output=True, text=True, timeout=300, **kwargs)
+
+
+def error_lines(stderr: str) -> list[str]:
+  """stderr without TensorFlow's own start-up chatter."""
+  noise = ("WARNING: All log messages", "I0000", "W0000", "E0000", "To enable the",
+           "oneDNN", "cuda", "CUDA", "computation placer", "absl::InitializeLog")
+  return [l for l in stderr.splitlines() if l.strip() and not
+          any(n in l for n in noise) and not l.startswith(("I1", "W1", "E1"))]
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--policy=mixed_int8"], "value should be one of <float32|mixed_float16|mixed_bfloat16>"),
+    (["--loop=keras"], "value should be one of <fit|custom>"),
+    (["--batch_size=0"], "--batch_size=0"),
+    (["--image_size=-1"], "--image_size=-1"),
+    (["--epochs=0"], "--epochs=0"),
+])
+def test_flag_errors_are_reported_by_absl_without_traceback(args, words):
+  proc = mpt(*args)
+  assert proc.returncode != 0
+  assert words in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--model=resnet9000"], "mpt: error: unknown --model='resnet9000'; valid: seed_convnet"),
+    (["--dataset=folder:/no/such/dir"], "mpt: error: folder dataset '/no/such/dir' does not exist"),
+    (["--dataset=imagenettx"], "mpt: error: unknown --dataset='imagenettx'"),
+    (["--logdir=/proc/version/logs"], "mpt: error: cannot create --logdir"),
+    (["unexpected"], "mpt: error: unexpected arguments"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, args, words):
+  proc = mpt(f"--data_dir={tmp_path}", f"--logdir={tmp_path}/logs", *args)
+  assert proc.returncode == 2, proc.stderr
+  assert error_lines(proc.stderr) == [next(l for l in error_lines(proc.stderr)
+                                           if l.startswith("mpt: error:"))]
+  assert words in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_offline_tfds_fails_within_seconds(tmp_path):
+  start = time.perf_counter()
+  proc = mpt("--dataset=imagenette/320px", f"--data_dir={tmp_path}",
+             f"--logdir={tmp_path}/logs")
+  assert proc.returncode == 2 and "not prepared" in proc.stderr
+  assert time.perf_counter() - start < 60  # TF import included; no DNS retries.
+
+
+def test_ctrl_c_writes_an_interrupted_summary(tmp_path):
+  logdir = tmp_path / "logs"
+  proc = subprocess.Popen(
+      [sys.executable, "-m", "mpt.main", "--epochs=1000", "--steps_per_epoch=2",
+       "--image_size=16", "--batch_size=4", "--synthetic_train=20",
+       "--synthetic_val=10", "--synthetic_px=20", "--verbose=0", "--run_name=r",
+       f"--data_dir={tmp_path}", f"--logdir={logdir}"],
+      cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  events = logdir / "r"
+  deadline = time.time() + 120
+  while time.time() < deadline and not any(
+      tag == "train/loss" for tag in (read_events(events) if events.exists() else {})):
+    time.sleep(0.5)
+  proc.send_signal(signal.SIGINT)
+  out, err = proc.communicate(timeout=120)
+  assert proc.returncode == 130, err
+  assert "Traceback" not in err
+  summary = json.loads((events / "summary.json").read_text())
+  assert summary["status"] == "interrupted"
+  assert summary["steps"] >= 2 and summary["epochs_completed"] >= 1
+  assert len(read_events(events)["train/loss"]) >= summary["epochs_completed"]
