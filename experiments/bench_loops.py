@@ -14,14 +14,10 @@ Runtime on the 2-core dev machine (AMD EPYC Zen 3, AVX2, no AVX-512): about 4 mi
 64 px and 25 min for 256 px (bfloat16 and float16 are emulated there).
 """
 
-import json
-import pathlib
-import subprocess
-import sys
-import time
-
 from absl import app
 from absl import flags
+
+import benchlib
 
 flags.DEFINE_list("image_sizes", ["64", "256"], "Image sizes to measure.")
 flags.DEFINE_list("policies", ["float32", "mixed_bfloat16", "mixed_float16"], "")
@@ -34,20 +30,10 @@ FLAGS = flags.FLAGS
 
 
 def run_cell(size: int, policy: str, loop: str) -> dict:
-  name = f"{size}px_{policy}_{loop}_{time.strftime('%H%M%S')}"
-  cmd = [sys.executable, "-m", "mpt.main", f"--image_size={size}", f"--policy={policy}",
-         f"--loop={loop}", f"--batch_size={FLAGS.batch_size}", "--epochs=1",
-         f"--steps_per_epoch={FLAGS.steps}", f"--warmup_steps={FLAGS.warmup}",
-         "--synthetic_train=1300", "--synthetic_val=100", "--verbose=0",
-         f"--logdir={FLAGS.out}", f"--run_name={name}"]
-  proc = subprocess.run(cmd, capture_output=True, text=True)
-  if proc.returncode:
-    raise SystemExit(f"cell failed: {' '.join(cmd)}\n{proc.stderr[-2000:]}")
-  summary = json.loads((pathlib.Path(FLAGS.out) / name / "summary.json").read_text())
-  print(f"  {size:>4} px  {policy:<15} {loop:<7} {summary['ms_per_step']:9.1f} ms/step"
-        f"  ({summary['timed_steps']} timed steps, wall {summary['wall_s']:.0f} s)",
-        flush=True)
-  return summary
+  return benchlib.run_cell(
+      FLAGS.out, f"{size}px_{policy}_{loop}", image_size=size, policy=policy, loop=loop,
+      batch_size=FLAGS.batch_size, epochs=1, steps_per_epoch=FLAGS.steps,
+      warmup_steps=FLAGS.warmup, synthetic_train=1300, synthetic_val=100)
 
 
 def main(argv):

@@ -14,7 +14,7 @@ from mpt.errors import UserError
 
 POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
 LOOPS = ("fit", "custom")
-MODES = ("train",)
+MODES = ("train", "inspect")
 
 
 def _field(default: Any, help: str, choices: tuple[str, ...] | None = None,
@@ -26,7 +26,8 @@ def _field(default: Any, help: str, choices: tuple[str, ...] | None = None,
 @dataclasses.dataclass
 class Config:
   """One training run. Field names are the command-line flag names."""
-  mode: str = _field("train", "What to do.", choices=MODES)
+  mode: str = _field("train", "`train` a model, or `inspect` its per-layer dtypes and "
+                     "FLOPs without training.", choices=MODES)
   policy: str = _field("float32", "Keras dtype policy, set globally before the model "
                        "is built.", choices=POLICIES)
   loop: str = _field("fit", "Who drives the train step: Keras `fit`, or mpt's own "
@@ -43,7 +44,7 @@ class Config:
   image_size: int = _field(64, "Images are resized to image_size x image_size "
                            "(the seed used 256).", lower_bound=1)
   batch_size: int = _field(32, "Global batch size.", lower_bound=1)
-  epochs: int = _field(5, "Training epochs.", lower_bound=1)
+  epochs: int = _field(4, "Training epochs.", lower_bound=1)
   steps_per_epoch: int = _field(0, "Cap on train steps per epoch; 0 = one pass over "
                                 "the training set.", lower_bound=0)
   learning_rate: float = _field(1e-3, "Adam learning rate.")
@@ -69,6 +70,14 @@ class Config:
   warmup_steps: int = _field(5, "Steps at the start of the run left out of "
                              "ms_per_step (tracing, allocator and cache warm-up).",
                              lower_bound=0)
+  instrument: bool = _field(True, "Data-wait timing, utilisation sampling, per-step "
+                            "perf/precision/util scalars, dtype inspection, HParams. "
+                            "--noinstrument measures their cost; ms_per_step stays.")
+  log_every: int = _field(10, "Steps between perf/, precision/ and util/ scalars.",
+                          lower_bound=1)
+  sample_every: float = _field(1.0, "Seconds between utilisation samples.")
+  profile_steps: str = _field("", "A,B: profile global train steps A..B (1-based, "
+                              "after warm-up) into the run folder.")
   verbose: int = _field(1, "Keras progress bar: 0 silent, 1 bar, 2 one line per "
                         "epoch.", lower_bound=0)
 
@@ -88,6 +97,8 @@ def validate(cfg: Config) -> Config:
       raise UserError(f"--{f.name} must be >= {bound:g}, got {value}")
   if not cfg.learning_rate > 0:
     raise UserError(f"--learning_rate must be > 0, got {cfg.learning_rate}")
+  if not cfg.sample_every > 0:
+    raise UserError(f"--sample_every must be > 0 seconds, got {cfg.sample_every}")
   if not 0.0 <= cfg.bn_momentum < 1.0:
     raise UserError(f"--bn_momentum must be in [0, 1), got {cfg.bn_momentum}")
   if not cfg.dataset:

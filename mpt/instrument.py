@@ -1,93 +1,150 @@
-"""Measurement callbacks shared by both loops: honest step timing and TensorBoard scalars.
+"""Measurement callbacks shared by both loops: step timing and TensorBoard scalars.
 
 Both are plain Keras callbacks: `fit` calls them itself, and the custom loop calls them
 through a `CallbackList` in the same order (mpt/loops.py). Keras materialises a batch's
 logs before any `on_train_batch_end` runs, so a step's time covers fetching the batch,
 running the step and reading its result back, the same in both loops, and nothing of
-the progress bar or of logging.
+the progress bar or of logging. The batch fetch is timed on its own too (`fetch`):
+the custom loop calls it, and under `fit` mpt's train function does (mpt/loops.py).
 
-Tag names are identical for both loops, grouped by slash: `train/loss`,
-`train/accuracy`, `eval/loss`, `eval/accuracy`, `perf/step_time_ms`,
-`perf/images_per_sec`, written once per epoch at the global step.
+Tags are identical for both loops, grouped by slash:
+  per epoch:      train/loss, train/accuracy, eval/loss, eval/accuracy
+  every N steps:  perf/step_time_ms, perf/data_wait_ms, perf/images_per_sec,
+                  perf/tflops, precision/loss_scale, precision/skipped_steps, util/...
+  at the end:     final/ms_per_step, final/images_per_sec, final/val_accuracy (the
+                  HParams dashboard's metrics), with the run's hparams.
 """
 
 import statistics
 import time
+from typing import Any, Callable
 
 import keras
+import numpy as np
 import tensorflow as tf
+from tensorboard.plugins.hparams import api as hp
+
+from mpt.sampler import Sampler
 
 
 class StepTimer(keras.callbacks.Callback):
-  """Wall time of every train step, and the latest epoch's logs."""
+  """Wall time of every train step and of its batch fetch; the latest epoch's logs."""
 
   def __init__(self, warmup_steps: int):
     super().__init__()
     self.warmup_steps = warmup_steps
     self.durations_ms: list[float] = []
+    self.waits_ms: list[float] = []
     self.epoch_logs: dict[str, float] = {}
     self.epochs_done = 0
     self._t0 = 0.0
+    self._wait = 0.0
 
   @property
   def steps(self) -> int:
     return len(self.durations_ms)
 
+  def fetch(self, iterator):
+    """next(iterator), timed as this step's data wait."""
+    t = time.perf_counter()
+    batch = next(iterator)
+    self._wait = time.perf_counter() - t
+    return batch
+
   def on_train_batch_begin(self, batch, logs=None):
+    self._wait = 0.0
     self._t0 = time.perf_counter()
 
   def on_train_batch_end(self, batch, logs=None):
     self.durations_ms.append((time.perf_counter() - self._t0) * 1e3)
+    self.waits_ms.append(self._wait * 1e3)
 
   def on_epoch_end(self, epoch, logs=None):
     self.epoch_logs = dict(logs or {})
     self.epochs_done = epoch + 1
 
-  def steady(self, start: int = 0) -> list[float]:
-    """Step times from `start` on, without the warm-up steps at the run's start.
+  def _steady_start(self) -> int:
+    """First step after warm-up; a run shorter than its warm-up keeps all but the
+    first step (the trace), so that a number exists."""
+    n = self.steps
+    return self.warmup_steps if n > self.warmup_steps else min(1, n - 1) if n else 0
 
-    A run shorter than its warm-up still reports the steps after the first (the
-    trace), so that a number exists; summary.json says how many steps it rests on.
-    """
-    times = self.durations_ms[max(start, self.warmup_steps):]
-    if not times and start == 0:
-      times = self.durations_ms[1:] or self.durations_ms
-    return times
+  def steady(self) -> list[float]:
+    return self.durations_ms[self._steady_start():]
 
-  def median_ms(self, start: int = 0) -> float | None:
-    times = self.steady(start)
+  def median_ms(self) -> float | None:
+    times = self.steady()
     return statistics.median(times) if times else None
+
+  def stats(self) -> dict[str, Any]:
+    """Step-time percentiles and data-wait share over the steps after warm-up."""
+    start = self._steady_start()
+    times, waits = self.durations_ms[start:], self.waits_ms[start:]
+    if not times:
+      return {"median": None, "p10": None, "p90": None, "data_wait_share": None}
+    p10, p90 = np.percentile(times, [10, 90])
+    return {"median": statistics.median(times), "p10": float(p10), "p90": float(p90),
+            "data_wait_ms_median": statistics.median(waits),
+            "data_wait_share": sum(waits) / sum(times)}
 
 
 class ScalarWriter(keras.callbacks.Callback):
-  """Writes per-epoch metrics and step times as TensorBoard scalars."""
+  """Writes metrics per epoch and, when `detailed`, perf/precision/util every N steps."""
 
-  def __init__(self, run_dir: str, timer: StepTimer, batch_size: int,
-               texts: dict[str, str] | None = None):
+  def __init__(self, run_dir: str, timer: StepTimer, batch_size: int, *,
+               every: int = 10, detailed: bool = True,
+               sampler: Sampler | None = None, flops_per_step: int | None = None,
+               precision_state: Callable[[], dict[str, float]] | None = None,
+               texts: dict[str, str] | None = None,
+               hparams: dict[str, Any] | None = None):
     super().__init__()
     self.writer = tf.summary.create_file_writer(run_dir)
-    self.timer, self.batch_size = timer, batch_size
-    self.texts = texts or {}
-    self._epoch_start = 0
+    self.timer, self.batch_size, self.every = timer, batch_size, every
+    self.detailed, self.sampler, self.flops_per_step = detailed, sampler, flops_per_step
+    self.precision_state = precision_state
+    self.texts, self.hparams = texts or {}, hparams
 
   def on_train_begin(self, logs=None):
     with self.writer.as_default(step=0):
       for tag, text in self.texts.items():
         tf.summary.text(tag, text)
+      if self.hparams:
+        hp.hparams(self.hparams)
 
-  def on_epoch_begin(self, epoch, logs=None):
-    self._epoch_start = self.timer.steps
+  def on_train_batch_end(self, batch, logs=None):
+    step = self.timer.steps
+    if not self.detailed or step % self.every:
+      return
+    recent = self.timer.durations_ms[-self.every:]
+    ms = statistics.median(recent)
+    with self.writer.as_default(step=step):
+      tf.summary.scalar("perf/step_time_ms", ms)
+      tf.summary.scalar("perf/data_wait_ms", statistics.fmean(self.timer.waits_ms[-self.every:]))
+      tf.summary.scalar("perf/images_per_sec", self.batch_size / ms * 1e3)
+      if self.flops_per_step:
+        tf.summary.scalar("perf/tflops", self.flops_per_step / ms * 1e3 / 1e12)
+      for name, value in (self.precision_state() if self.precision_state else {}).items():
+        tf.summary.scalar(f"precision/{name}", value)
+      for name, value in (self.sampler.drain() if self.sampler else {}).items():
+        tf.summary.scalar(f"util/{name}", value)
 
   def on_epoch_end(self, epoch, logs=None):
     with self.writer.as_default(step=self.timer.steps):
       for key, value in (logs or {}).items():
         tag = f"eval/{key[4:]}" if key.startswith("val_") else f"train/{key}"
         tf.summary.scalar(tag, value)
-      ms = self.timer.median_ms(self._epoch_start)
-      if ms:
-        tf.summary.scalar("perf/step_time_ms", ms)
-        tf.summary.scalar("perf/images_per_sec", self.batch_size / ms * 1e3)
     self.writer.flush()
+
+  def write_text(self, tag: str, text: str) -> None:
+    with self.writer.as_default(step=self.timer.steps):
+      tf.summary.text(tag, text)
+
+  def write_final(self, summary: dict[str, Any]) -> None:
+    """The HParams dashboard's metrics: the run's headline figures, at its last step."""
+    with self.writer.as_default(step=self.timer.steps):
+      for key in ("ms_per_step", "images_per_sec", "val_accuracy"):
+        if summary.get(key) is not None:
+          tf.summary.scalar(f"final/{key}", summary[key])
 
   def close(self) -> None:
     self.writer.flush()

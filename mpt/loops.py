@@ -6,7 +6,14 @@ Keras; `custom` drives mpt's own tf.function steps (mpt/steps.py) through a Kera
 validation, epoch end), so the same callbacks time, log and draw the progress bar for
 both, and a batch's logs are materialised (`pythonify_logs`) before any callback sees
 them: the step's result exists when its time is taken.
+
+`fetch(iterator)` takes the next batch (a timed `next`, see mpt/instrument.py). The
+custom loop always calls it; under `fit` mpt installs a train function that calls it
+and hands the batch to Keras' own compiled step, so the data wait is timed the same
+way in both loops. Without `fetch` (`--noinstrument`) fit runs untouched.
 """
+
+from typing import Any, Callable
 
 import keras
 
@@ -15,14 +22,22 @@ from mpt.config import Config
 from mpt.data import Data
 
 Logs = dict[str, float]
+Fetch = Callable[[Any], Any]
 
 
 def run_fit(model: keras.Model, optimizer: keras.optimizers.Optimizer, data: Data,
-            cfg: Config, callbacks: list[keras.callbacks.Callback]) -> Logs:
+            cfg: Config, callbacks: list[keras.callbacks.Callback],
+            fetch: Fetch | None = None) -> Logs:
   # jit_compile is explicit: Keras' "auto" turns XLA on for fit on a GPU only, which
   # would make fit and custom differ in more than who drives the step.
   model.compile(optimizer=optimizer, loss=steps_lib.make_loss(),
                 metrics=steps_lib.make_metrics(), jit_compile=cfg.jit_compile)
+  if fetch is not None:
+    model.make_train_function()
+    keras_step = model.train_function
+    # Keras' TF train function runs its compiled one-step function on each element of
+    # a plain Python iterator; given one batch, that is exactly one step.
+    model.train_function = lambda iterator: keras_step(iter([fetch(iterator)]))
   history = model.fit(data.train, epochs=cfg.epochs, steps_per_epoch=data.steps_per_epoch,
                       validation_data=data.val, callbacks=callbacks, verbose=cfg.verbose,
                       shuffle=False)  # The pipeline shuffles; fit cannot.
@@ -38,7 +53,9 @@ def evaluate(steps: steps_lib.Steps, data: Data) -> Logs:
 
 
 def run_custom(model: keras.Model, optimizer: keras.optimizers.Optimizer, data: Data,
-               cfg: Config, callbacks: list[keras.callbacks.Callback]) -> Logs:
+               cfg: Config, callbacks: list[keras.callbacks.Callback],
+               fetch: Fetch | None = None) -> Logs:
+  fetch = fetch or next
   steps = steps_lib.Steps(model, optimizer, jit_compile=cfg.jit_compile)
   callbacks = keras.callbacks.CallbackList(
       callbacks, add_history=True, add_progbar=cfg.verbose != 0, verbose=cfg.verbose,
@@ -52,7 +69,7 @@ def run_custom(model: keras.Model, optimizer: keras.optimizers.Optimizer, data: 
     logs = {}
     for step in range(data.steps_per_epoch):
       callbacks.on_train_batch_begin(step)
-      images, labels = next(iterator)
+      images, labels = fetch(iterator)
       logs = steps.train_step(images, labels)
       callbacks.on_train_batch_end(step, logs)
     epoch_logs = {k: float(v) for k, v in logs.items()}

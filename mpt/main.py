@@ -49,7 +49,7 @@ def main(argv: list[str]) -> int:
   try:
     # Imported here so that flag errors and --help answer without importing TF.
     from mpt import train
-    summary = train.train_and_evaluate(cfg)
+    summary = train.MODES[cfg.mode](cfg)
   except UserError as e:
     print(f"mpt: error: {e}", file=sys.stderr)
     return 2

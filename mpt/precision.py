@@ -8,12 +8,10 @@ same optimizer). float16 has too few exponent bits for small gradients; bfloat16
 float32's range and needs no loss scaling.
 """
 
-import pathlib
-import platform
-
 from absl import logging
 import keras
-import tensorflow as tf
+
+from mpt import hardware
 
 
 def set_policy(name: str) -> keras.DTypePolicy:
@@ -25,38 +23,6 @@ def set_policy(name: str) -> keras.DTypePolicy:
 def describe(policy: keras.DTypePolicy) -> str:
   return (f"Policy: {policy.name}  compute dtype: {policy.compute_dtype}  "
           f"variable dtype: {policy.variable_dtype}")
-
-
-def cpu_flags() -> set[str]:
-  """The CPU feature flags the kernel reports (empty where /proc/cpuinfo is absent)."""
-  try:
-    text = pathlib.Path("/proc/cpuinfo").read_text()
-  except OSError:
-    return set()
-  for line in text.splitlines():
-    if line.startswith("flags"):
-      return set(line.split(":", 1)[1].split())
-  return set()
-
-
-def cpu_name() -> str:
-  try:
-    for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
-      if line.startswith("model name"):
-        return line.split(":", 1)[1].strip()
-  except OSError:
-    pass
-  return platform.processor() or platform.machine()
-
-
-def gpu_compute_capabilities() -> list[tuple[int, int]]:
-  """(major, minor) of each visible GPU; empty on a CPU-only machine."""
-  caps = []
-  for gpu in tf.config.list_physical_devices("GPU"):
-    cc = tf.config.experimental.get_device_details(gpu).get("compute_capability")
-    if cc:
-      caps.append(tuple(cc))
-  return caps
 
 
 def slow_path_warning(policy: str, flags: set[str],
@@ -84,18 +50,19 @@ def slow_path_warning(policy: str, flags: set[str],
     if flags & {"avx512_fp16", "amx_fp16"}:
       return None
     better = ("mixed_bfloat16" if flags & {"avx512_bf16", "amx_bf16"} else "float32")
-    return (f"{policy}: this CPU ({cpu_name()}) has no AVX512_FP16/AMX-FP16, so float16 "
-            f"math is emulated and runs several times slower than float32; use "
+    return (f"{policy}: this CPU ({hardware.cpu_name()}) has no AVX512_FP16/AMX-FP16, "
+            f"so float16 math is emulated and runs several times slower than float32; use "
             f"--policy={better}")
   if flags & {"avx512_bf16", "amx_bf16"}:
     return None
-  return (f"{policy}: this CPU ({cpu_name()}) has no AVX512_BF16/AMX-BF16, so bfloat16 "
-          f"math is emulated and is unlikely to beat float32; use --policy=float32")
+  return (f"{policy}: this CPU ({hardware.cpu_name()}) has no AVX512_BF16/AMX-BF16, "
+          f"so bfloat16 math is emulated and is unlikely to beat float32; use --policy=float32")
 
 
 def warn_if_slow(policy: str) -> str | None:
   """Logs (once per run) the slow-path warning for this machine; returns it."""
-  message = slow_path_warning(policy, cpu_flags(), gpu_compute_capabilities())
+  message = slow_path_warning(policy, hardware.cpu_flags(),
+                              hardware.gpu_compute_capabilities())
   if message:
     logging.warning("%s", message)
     print(f"WARNING: {message}", flush=True)

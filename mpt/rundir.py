@@ -18,7 +18,8 @@ from mpt.errors import UserError
 
 def default_name(cfg: Config) -> str:
   stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-  return f"{stamp}_{cfg.model}_{cfg.policy}_{cfg.loop}"
+  what = cfg.loop if cfg.mode == "train" else cfg.mode
+  return f"{stamp}_{cfg.model}_{cfg.policy}_{what}"
 
 
 def check_root(cfg: Config) -> None:

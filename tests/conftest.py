@@ -41,9 +41,12 @@ def read_events(run_dir) -> dict[str, list[tuple[int, object]]]:
       str(run_dir), size_guidance={event_accumulator.TENSORS: 0})
   acc.Reload()
   decode = lambda v: v.decode() if isinstance(v, bytes) else float(v)
-  return {tag: [(e.step, decode(tf.make_ndarray(e.tensor_proto).item()))
-                for e in acc.Tensors(tag)]
-          for tag in acc.Tags()["tensors"]}
+  events = {}
+  for tag in acc.Tags()["tensors"]:
+    values = [(e.step, tf.make_ndarray(e.tensor_proto)) for e in acc.Tensors(tag)]
+    if all(v.size == 1 for _, v in values):  # Not HParams' empty marker tensors.
+      events[tag] = [(step, decode(v.item())) for step, v in values]
+  return events
 
 
 def read_scalars(run_dir) -> dict[str, list[tuple[int, float]]]:

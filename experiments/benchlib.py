@@ -1,0 +1,26 @@
+"""Shared by the benchmark scripts: run one cell as its own `python -m mpt.main` child.
+
+A child per cell gives every measurement fresh TensorFlow state; cells run one after
+another, never concurrently, so they do not compete for the cores.
+"""
+
+import json
+import pathlib
+import subprocess
+import sys
+import time
+
+
+def run_cell(out: str, name: str, **flags) -> dict:
+  """Trains once with `flags` (plus --verbose=0) and returns its summary.json."""
+  name = f"{name}_{time.strftime('%H%M%S')}"
+  cmd = [sys.executable, "-m", "mpt.main", "--verbose=0", f"--logdir={out}",
+         f"--run_name={name}"] + [f"--{k}={v}" for k, v in flags.items()]
+  proc = subprocess.run(cmd, capture_output=True, text=True)
+  if proc.returncode:
+    raise SystemExit(f"cell failed: {' '.join(cmd)}\n{proc.stderr[-2000:]}")
+  summary = json.loads((pathlib.Path(out) / name / "summary.json").read_text())
+  print(f"  {name:<40} {summary['ms_per_step']:9.1f} ms/step  "
+        f"({summary['timed_steps']} timed steps, wall {summary['wall_s']:.0f} s)",
+        flush=True)
+  return summary

@@ -1,0 +1,109 @@
+"""Utilisation sampled in a background thread while a run trains.
+
+Every `period_s` seconds: this process's CPU % (100 = one core busy), the whole
+system's CPU % (100 = all cores busy) and the process's resident memory (psutil); with
+an NVIDIA GPU also GPU utilisation % and memory used (NVML, from nvidia-ml-py) and
+TensorFlow's peak device memory. Samples wait in a buffer that the main thread drains
+when it writes TensorBoard scalars, so only one thread ever touches the event writer.
+
+Absent figures are not errors: without a GPU, without nvidia-ml-py or without a
+driver, the sampler records what it can and says once why GPU figures are absent. A
+failing sample is logged once and skipped; it never stops training.
+"""
+
+import statistics
+import threading
+from typing import Any
+
+from absl import logging
+import psutil
+import tensorflow as tf
+
+
+def _open_nvml(nvml: Any | None) -> tuple[Any | None, list, str | None]:
+  """(nvml module, device handles, why GPU figures are absent or None)."""
+  if nvml is None:
+    if not tf.config.list_physical_devices("GPU"):
+      return None, [], "no GPU visible to TensorFlow"
+    try:
+      import pynvml as nvml  # Provided by nvidia-ml-py.
+    except ImportError:
+      return None, [], "nvidia-ml-py is not installed (pip install nvidia-ml-py)"
+  try:
+    nvml.nvmlInit()
+    handles = [nvml.nvmlDeviceGetHandleByIndex(i)
+               for i in range(nvml.nvmlDeviceGetCount())]
+  except Exception as e:  # NVML raises its own error types; any of them means absent.
+    return None, [], f"NVML unavailable: {e}"
+  return nvml, handles, None if handles else "NVML sees no GPU"
+
+
+class Sampler:
+  """Samples utilisation every `period_s` seconds in a daemon thread."""
+
+  def __init__(self, period_s: float = 1.0, nvml: Any | None = None):
+    self.period_s = period_s
+    self._process = psutil.Process()
+    self._nvml, self._handles, self.gpu_absent = _open_nvml(nvml)
+    self._tf_gpu = bool(tf.config.list_physical_devices("GPU"))
+    self._buffer: list[dict[str, float]] = []
+    self._all: list[dict[str, float]] = []
+    self._lock = threading.Lock()
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._run, name="mpt-sampler", daemon=True)
+    self._failed = False
+    if self.gpu_absent:
+      logging.info("GPU utilisation not sampled: %s", self.gpu_absent)
+
+  def sample(self) -> dict[str, float]:
+    """One reading of every available figure."""
+    s = {"process_cpu_percent": self._process.cpu_percent(None),
+         "system_cpu_percent": psutil.cpu_percent(None),
+         "rss_mb": self._process.memory_info().rss / 2**20}
+    if self._nvml:
+      util = [self._nvml.nvmlDeviceGetUtilizationRates(h).gpu for h in self._handles]
+      mem = [self._nvml.nvmlDeviceGetMemoryInfo(h).used for h in self._handles]
+      s["gpu_percent"] = float(statistics.fmean(util))
+      s["gpu_memory_mb"] = sum(mem) / 2**20
+    if self._tf_gpu:
+      s["tf_peak_memory_mb"] = tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2**20
+    return s
+
+  def _run(self) -> None:
+    while not self._stop.wait(self.period_s):
+      try:
+        s = self.sample()
+      except Exception as e:  # Never let a sampling fault reach training.
+        if not self._failed:
+          logging.warning("utilisation sampling failed (continuing without it): %s", e)
+          self._failed = True
+        continue
+      with self._lock:
+        self._buffer.append(s)
+        self._all.append(s)
+
+  def start(self) -> "Sampler":
+    self._process.cpu_percent(None)  # The first reading only sets the baseline.
+    psutil.cpu_percent(None)
+    self._thread.start()
+    return self
+
+  def stop(self) -> None:
+    self._stop.set()
+    if self._thread.is_alive():
+      self._thread.join(timeout=5 * self.period_s + 1)
+
+  def drain(self) -> dict[str, float]:
+    """Mean of each figure over the samples taken since the last drain."""
+    with self._lock:
+      samples, self._buffer = self._buffer, []
+    keys = {k for s in samples for k in s}
+    return {k: statistics.fmean(s[k] for s in samples if k in s) for k in keys}
+
+  def stats(self) -> dict[str, dict[str, float]]:
+    """{figure: {"mean": ..., "max": ...}} over the whole run."""
+    with self._lock:
+      samples = list(self._all)
+    keys = sorted({k for s in samples for k in s})
+    return {k: {"mean": statistics.fmean(s[k] for s in samples if k in s),
+                "max": max(s[k] for s in samples if k in s)} for k in keys}
