@@ -1,9 +1,10 @@
 """What instrumentation costs: ms/step with --instrument vs --noinstrument.
 
-  python experiments/bench_instrument.py            # ~5 min on the 2-core dev machine
+  python experiments/bench_instrument.py            # ~7 min on the 2-core dev machine
 
 Same config for every cell (seed convnet, synthetic data, 64 px, batch 32, float32,
-50 steps of which the first 10 are warm-up, so 40 timed steps), for fit and custom.
+2 epochs of 41 steps of which the first 10 are warm-up, so 72 timed steps), for fit
+and custom.
 The on/off cells are interleaved (on, off, on, off, ...) over `--repeats` rounds, so a
 slow spell of the shared machine hits both alike; the figure per cell is the median of
 its rounds' medians. The bar is a ratio on/off <= 1.03.
@@ -30,8 +31,8 @@ def main(argv):
       for instrument in (True, False):
         summary = benchlib.run_cell(
             FLAGS.out, f"r{round_}_{loop}_{'on' if instrument else 'off'}",
-            loop=loop, instrument=instrument, image_size=64, batch_size=32, epochs=1,
-            steps_per_epoch=50, warmup_steps=10, synthetic_val=100)
+            loop=loop, instrument=instrument, image_size=64, batch_size=32, epochs=2,
+            warmup_steps=10, synthetic_val=100)
         ms.setdefault((loop, instrument), []).append(summary["ms_per_step"])
         if instrument:
           shares.append(summary["data_wait_share"])
