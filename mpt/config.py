@@ -78,6 +78,24 @@ class Config:
   sample_every: float = _field(1.0, "Seconds between utilisation samples.")
   profile_steps: str = _field("", "A,B: profile global train steps A..B (1-based, "
                               "after warm-up) into the run folder.")
+  resume: str = _field("", "Run folder (logs/<run>) to continue from its latest "
+                       "checkpoint, with the flags it was started with.")
+  checkpoint_every: int = _field(100, "Steps between checkpoints (also saved at each "
+                                 "epoch end and on interruption); 0 = epoch ends only.",
+                                 lower_bound=0)
+  keep_checkpoints: int = _field(3, "Checkpoints kept in <run>/checkpoints.",
+                                 lower_bound=1)
+  deterministic: bool = _field(False, "TensorFlow op determinism: repeated runs give "
+                               "bitwise-identical results (slower on GPUs).")
+  loss_scale: str = _field("dynamic", "mixed_float16 loss scaling: `dynamic`, or a "
+                           "fixed number.")
+  min_loss_scale: float = _field(1.0, "A dynamic loss scale that falls below this "
+                                 "means gradients stay non-finite: the run stops as "
+                                 "diverged.")
+  fault_factor: float = _field(1.0, "Fault injection for testing: multiply the loss "
+                               "by this (1e30 overflows float16, nan diverges) during "
+                               "--fault_steps.")
+  fault_steps: str = _field("", "A,B: global steps the --fault_factor applies to.")
   verbose: int = _field(1, "Keras progress bar: 0 silent, 1 bar, 2 one line per "
                         "epoch.", lower_bound=0)
 
@@ -101,9 +119,37 @@ def validate(cfg: Config) -> Config:
     raise UserError(f"--sample_every must be > 0 seconds, got {cfg.sample_every}")
   if not 0.0 <= cfg.bn_momentum < 1.0:
     raise UserError(f"--bn_momentum must be in [0, 1), got {cfg.bn_momentum}")
+  if cfg.loss_scale != "dynamic":
+    try:
+      if not float(cfg.loss_scale) > 0:
+        raise ValueError
+    except ValueError:
+      raise UserError(f"--loss_scale must be `dynamic` or a number > 0, got "
+                      f"{cfg.loss_scale!r}") from None
   if not cfg.dataset:
     raise UserError("--dataset is empty; use synthetic, folder:PATH or a TFDS name")
   return cfg
+
+
+def from_flagfile(text: str) -> Config:
+  """Parses what `to_flagfile` wrote (a run's flags.txt) back into a Config."""
+  values = {}
+  types = {f.name: type(f.default) for f in fields()}
+  for line in text.split("\n"):
+    line = line.strip()
+    if not line.startswith("--"):
+      continue
+    name, eq, value = line[2:].partition("=")
+    if not eq:  # Boolean: --name or --noname.
+      name, value = (name, True) if name in types else (name[2:], False)
+    elif types.get(name) is int:
+      value = int(value)
+    elif types.get(name) is float:
+      value = float(value)
+    if name not in types:
+      raise UserError(f"unknown flag --{name} in flags file")
+    values[name] = value
+  return Config(**values)
 
 
 def to_flagfile(cfg: Config) -> str:

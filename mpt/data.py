@@ -19,6 +19,7 @@ endless shuffled stream, so every step of both loops has the same static batch s
 import dataclasses
 import math
 import pathlib
+from typing import Callable
 
 from absl import logging
 import tensorflow as tf
@@ -41,6 +42,17 @@ class Data:
   steps_per_epoch: int
   skipped_files: list[str]
   source: str  # where the data came from, for the log and summary.json
+  make_train: Callable[[], tf.data.Dataset] | None = None
+
+  def train_from(self, step: int) -> tf.data.Dataset:
+    """The training stream from global step `step` on, as a fresh pipeline.
+
+    Fresh, because a shuffle that reshuffles each epoch keeps its seed state in the
+    dataset object: a second iterator over the same object would see another order.
+    A new pipeline from the same seed is the same stream, so skipping `step` batches
+    puts a resumed run exactly where the checkpointed one was.
+    """
+    return self.make_train().skip(step)
 
 
 def _list_folder(root: pathlib.Path) -> tuple[dict[str, tuple[list[str], list[int]]],
@@ -175,13 +187,14 @@ def load(cfg: Config) -> Data:
   train, n_train, skipped_train = _resize_cache_count(train_src, cfg, "train")
   val, n_val, skipped_val = _resize_cache_count(val_src, cfg, "val")
   buffer = cfg.shuffle_buffer or n_train
-  train = (train.shuffle(buffer, seed=cfg.seed, reshuffle_each_iteration=True)
-           .repeat().batch(cfg.batch_size, drop_remainder=True)
-           .prefetch(tf.data.AUTOTUNE))
+  cached = train
+  make_train = lambda: (
+      cached.shuffle(buffer, seed=cfg.seed, reshuffle_each_iteration=True)
+      .repeat().batch(cfg.batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE))
   val = val.batch(cfg.batch_size).prefetch(tf.data.AUTOTUNE)
   steps = math.ceil(n_train / cfg.batch_size)
   if cfg.steps_per_epoch:
     steps = min(steps, cfg.steps_per_epoch)
-  return Data(train=train, val=val, class_names=classes, n_train=n_train, n_val=n_val,
-              steps_per_epoch=steps, skipped_files=skipped_train + skipped_val,
-              source=source)
+  return Data(train=make_train(), val=val, class_names=classes, n_train=n_train,
+              n_val=n_val, steps_per_epoch=steps, skipped_files=skipped_train + skipped_val,
+              source=source, make_train=make_train)

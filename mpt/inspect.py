@@ -18,6 +18,11 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from mpt import config
+from mpt import models
+from mpt import precision
+from mpt import rundir
+
 SIXTEEN = ("float16", "bfloat16")
 MATMUL_LAYERS = (keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.Conv3D,
                  keras.layers.Dense)
@@ -162,3 +167,27 @@ def format_table(report: dict[str, Any], markdown: bool = False) -> str:
       + ("match" if report["gradients_match_variables"] else "MISMATCH"),
   ]
   return "\n".join(lines)
+
+
+def run(cfg: config.Config) -> dict[str, Any]:
+  """`--mode=inspect`: the dtype report of `cfg.model` under `cfg.policy`, no training.
+
+  The model gets 10 classes (Imagenette's) and `--image_size` inputs; the report is
+  printed and written to a run folder as dtypes.json and a TensorBoard text summary.
+  """
+  config.validate(cfg)
+  models.get(cfg.model)
+  rundir.check_root(cfg)
+  keras.backend.clear_session()
+  keras.utils.set_random_seed(cfg.seed)
+  print(precision.describe(precision.set_policy(cfg.policy)))
+  size = cfg.image_size
+  model = models.build(cfg.model, (size, size, 3), 10, bn_momentum=cfg.bn_momentum)
+  report = inspect_model(model, seed=cfg.seed)
+  print(format_table(report))
+  run_dir = rundir.create(cfg)
+  rundir.write_json(run_dir / "dtypes.json", report)
+  with tf.summary.create_file_writer(str(run_dir)).as_default(step=0):
+    tf.summary.text("inspect/dtypes", format_table(report, markdown=True))
+  print(f"mpt: wrote {run_dir / 'dtypes.json'}")
+  return {"status": "completed", "run_dir": str(run_dir), **report}

@@ -28,17 +28,29 @@ from mpt.sampler import Sampler
 
 
 class StepTimer(keras.callbacks.Callback):
-  """Wall time of every train step and of its batch fetch; the latest epoch's logs."""
+  """Wall time of every train step and of its batch fetch; the latest epoch's logs.
 
-  def __init__(self, warmup_steps: int):
+  A resumed run continues from `state()` of the run it resumes: its steps are
+  appended, and its own first `warmup_steps` (tracing again) are left out as well.
+  """
+
+  def __init__(self, warmup_steps: int, state: dict[str, Any] | None = None):
     super().__init__()
+    state = state or {}
     self.warmup_steps = warmup_steps
-    self.durations_ms: list[float] = []
-    self.waits_ms: list[float] = []
-    self.epoch_logs: dict[str, float] = {}
-    self.epochs_done = 0
+    self.durations_ms: list[float] = state.get("durations_ms", [])
+    self.waits_ms: list[float] = state.get("waits_ms", [])
+    self.timed: list[bool] = state.get("timed", [])  # False: a warm-up step.
+    self.epoch_logs: dict[str, float] = state.get("epoch_logs", {})
+    self.epochs_done: int = state.get("epochs_done", 0)
+    self._first_here = len(self.durations_ms)
     self._t0 = 0.0
     self._wait = 0.0
+
+  def state(self) -> dict[str, Any]:
+    return {"durations_ms": self.durations_ms, "waits_ms": self.waits_ms,
+            "timed": self.timed, "epoch_logs": self.epoch_logs,
+            "epochs_done": self.epochs_done}
 
   @property
   def steps(self) -> int:
@@ -58,19 +70,21 @@ class StepTimer(keras.callbacks.Callback):
   def on_train_batch_end(self, batch, logs=None):
     self.durations_ms.append((time.perf_counter() - self._t0) * 1e3)
     self.waits_ms.append(self._wait * 1e3)
+    self.timed.append(self.steps - self._first_here > self.warmup_steps)
 
   def on_epoch_end(self, epoch, logs=None):
     self.epoch_logs = dict(logs or {})
     self.epochs_done = epoch + 1
 
-  def _steady_start(self) -> int:
-    """First step after warm-up; a run shorter than its warm-up keeps all but the
-    first step (the trace), so that a number exists."""
-    n = self.steps
-    return self.warmup_steps if n > self.warmup_steps else min(1, n - 1) if n else 0
+  def _steady(self) -> list[int]:
+    """Indices of the timed steps; a run shorter than its warm-up keeps all but the
+    first step of this process (the trace), so that a number exists."""
+    steady = [i for i, t in enumerate(self.timed) if t]
+    return steady or list(range(self._first_here + 1, self.steps)) or \
+        list(range(self._first_here, self.steps))
 
   def steady(self) -> list[float]:
-    return self.durations_ms[self._steady_start():]
+    return [self.durations_ms[i] for i in self._steady()]
 
   def median_ms(self) -> float | None:
     times = self.steady()
@@ -78,8 +92,9 @@ class StepTimer(keras.callbacks.Callback):
 
   def stats(self) -> dict[str, Any]:
     """Step-time percentiles and data-wait share over the steps after warm-up."""
-    start = self._steady_start()
-    times, waits = self.durations_ms[start:], self.waits_ms[start:]
+    steady = self._steady()
+    times = [self.durations_ms[i] for i in steady]
+    waits = [self.waits_ms[i] for i in steady]
     if not times:
       return {"median": None, "p10": None, "p90": None, "data_wait_share": None}
     p10, p90 = np.percentile(times, [10, 90])

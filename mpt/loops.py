@@ -25,23 +25,44 @@ Logs = dict[str, float]
 Fetch = Callable[[Any], Any]
 
 
+def _segments(start_step: int, steps_per_epoch: int, epochs: int):
+  """(epoch, steps to run in it, global step it starts at) from `start_step` on.
+
+  A run resumed mid-epoch first finishes that epoch, then runs whole ones.
+  """
+  step = start_step
+  for epoch in range(start_step // steps_per_epoch, epochs):
+    n = steps_per_epoch - (step - epoch * steps_per_epoch)
+    yield epoch, n, step
+    step += n
+
+
 def run_fit(model: keras.Model, optimizer: keras.optimizers.Optimizer, data: Data,
             cfg: Config, callbacks: list[keras.callbacks.Callback],
-            fetch: Fetch | None = None) -> Logs:
+            fetch: Fetch | None = None, loss: keras.losses.Loss | None = None,
+            start_step: int = 0) -> None:
   # jit_compile is explicit: Keras' "auto" turns XLA on for fit on a GPU only, which
   # would make fit and custom differ in more than who drives the step.
-  model.compile(optimizer=optimizer, loss=steps_lib.make_loss(),
-                metrics=steps_lib.make_metrics(), jit_compile=cfg.jit_compile)
+  # auto_scale_loss=False: mpt built the optimizer (and its loss scaling) already.
+  model.compile(optimizer=optimizer, loss=loss or steps_lib.make_loss(),
+                metrics=steps_lib.make_metrics(), jit_compile=cfg.jit_compile,
+                auto_scale_loss=False)
   if fetch is not None:
     model.make_train_function()
     keras_step = model.train_function
     # Keras' TF train function runs its compiled one-step function on each element of
     # a plain Python iterator; given one batch, that is exactly one step.
     model.train_function = lambda iterator: keras_step(iter([fetch(iterator)]))
-  history = model.fit(data.train, epochs=cfg.epochs, steps_per_epoch=data.steps_per_epoch,
-                      validation_data=data.val, callbacks=callbacks, verbose=cfg.verbose,
-                      shuffle=False)  # The pipeline shuffles; fit cannot.
-  return {k: float(v[-1]) for k, v in history.history.items()}
+  # One fit call per stretch of equal-length epochs: a resumed partial epoch, then the
+  # rest. Each starts a fresh stream at its global step (see Data.train_from).
+  segments = list(_segments(start_step, data.steps_per_epoch, cfg.epochs))
+  if len(segments) > 1 and segments[0][1] == data.steps_per_epoch:
+    segments = [segments[0]]  # Whole epochs only: a single call.
+  for i, (epoch, n, step) in enumerate(segments[:2]):
+    last = cfg.epochs if i == len(segments[:2]) - 1 else epoch + 1
+    model.fit(data.train_from(step), initial_epoch=epoch, epochs=last,
+              steps_per_epoch=n, validation_data=data.val, callbacks=callbacks,
+              verbose=cfg.verbose, shuffle=False)  # The pipeline shuffles; fit cannot.
 
 
 def evaluate(steps: steps_lib.Steps, data: Data) -> Logs:
@@ -54,20 +75,21 @@ def evaluate(steps: steps_lib.Steps, data: Data) -> Logs:
 
 def run_custom(model: keras.Model, optimizer: keras.optimizers.Optimizer, data: Data,
                cfg: Config, callbacks: list[keras.callbacks.Callback],
-               fetch: Fetch | None = None) -> Logs:
+               fetch: Fetch | None = None, loss: keras.losses.Loss | None = None,
+               start_step: int = 0) -> None:
   fetch = fetch or next
-  steps = steps_lib.Steps(model, optimizer, jit_compile=cfg.jit_compile)
+  steps = steps_lib.Steps(model, optimizer, loss=loss, jit_compile=cfg.jit_compile)
   callbacks = keras.callbacks.CallbackList(
       callbacks, add_history=True, add_progbar=cfg.verbose != 0, verbose=cfg.verbose,
       epochs=cfg.epochs, steps=data.steps_per_epoch, model=model)
-  iterator = iter(data.train)
+  iterator = iter(data.train_from(start_step))
   epoch_logs: Logs = {}
   callbacks.on_train_begin()
-  for epoch in range(cfg.epochs):
+  for epoch, n, _ in _segments(start_step, data.steps_per_epoch, cfg.epochs):
     steps.reset()
     callbacks.on_epoch_begin(epoch)
     logs = {}
-    for step in range(data.steps_per_epoch):
+    for step in range(n):
       callbacks.on_train_batch_begin(step)
       images, labels = fetch(iterator)
       logs = steps.train_step(images, labels)
@@ -76,7 +98,6 @@ def run_custom(model: keras.Model, optimizer: keras.optimizers.Optimizer, data: 
     epoch_logs.update({f"val_{k}": v for k, v in evaluate(steps, data).items()})
     callbacks.on_epoch_end(epoch, epoch_logs)
   callbacks.on_train_end(epoch_logs)
-  return epoch_logs
 
 
 LOOPS = {"fit": run_fit, "custom": run_custom}

@@ -6,7 +6,7 @@
 
 Every flag is a field of `mpt.config.Config` (see there, or `--helpfull`). Bad input
 ends in one `mpt: error: ...` line and exit status 2; Ctrl-C in exit status 130 with the
-run's summary.json written (status `interrupted`).
+run's summary.json written (status `interrupted`), a diverged run in exit status 3.
 """
 
 import sys
@@ -18,6 +18,10 @@ from mpt import config
 from mpt.errors import UserError
 
 FLAGS = flags.FLAGS
+EXIT_CODES = {"completed": 0, "interrupted": 130, "diverged": 3}
+# With --resume a run continues with the flags it was started with; only these may be
+# given along with it.
+RESUME_FLAGS = {"resume", "verbose", "flagfile"}
 
 
 def _define_flags() -> None:
@@ -46,6 +50,13 @@ def main(argv: list[str]) -> int:
           "--name=value", file=sys.stderr)
     return 2
   cfg = config.Config(**{f.name: getattr(FLAGS, f.name) for f in config.fields()})
+  if cfg.resume:
+    extra = sorted(f.name for f in config.fields()
+                   if FLAGS[f.name].present and f.name not in RESUME_FLAGS)
+    if extra:
+      print(f"mpt: error: --resume continues a run with the flags it was started with;"
+            f" drop --{', --'.join(extra)}", file=sys.stderr)
+      return 2
   try:
     # Imported here so that flag errors and --help answer without importing TF.
     from mpt import train
@@ -56,7 +67,7 @@ def main(argv: list[str]) -> int:
   except KeyboardInterrupt:  # Before the run folder existed: nothing to save.
     print("mpt: interrupted", file=sys.stderr)
     return 130
-  return 130 if summary["status"] == "interrupted" else 0
+  return EXIT_CODES[summary["status"]]
 
 
 def run() -> None:

@@ -69,16 +69,24 @@ def warn_if_slow(policy: str) -> str | None:
   return message
 
 
-def make_optimizer(policy: str, learning_rate: float) -> keras.optimizers.Optimizer:
-  """Adam, wrapped in a dynamic LossScaleOptimizer under mixed_float16."""
-  optimizer = keras.optimizers.Adam(learning_rate)
-  if policy == "mixed_float16":
-    optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-  return optimizer
+def make_optimizer(policy: str, learning_rate: float,
+                   loss_scale: str = "dynamic") -> keras.optimizers.Optimizer:
+  """Adam; under mixed_float16 with dynamic loss scaling, or a fixed loss scale.
+
+  A fixed scale is Keras' `loss_scale_factor`: the loss is multiplied by it and the
+  gradients divided by it, with no skipping of non-finite steps.
+  """
+  if policy != "mixed_float16":
+    return keras.optimizers.Adam(learning_rate)
+  if loss_scale != "dynamic":
+    return keras.optimizers.Adam(learning_rate, loss_scale_factor=float(loss_scale))
+  return keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(learning_rate))
 
 
 def loss_scale(optimizer: keras.optimizers.Optimizer) -> float | None:
-  """The current dynamic loss scale, or None without loss scaling."""
+  """The current (dynamic or fixed) loss scale, or None without loss scaling."""
+  if optimizer.loss_scale_factor is not None:
+    return float(optimizer.loss_scale_factor)
   if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
     if not optimizer.built:  # The scale variable exists once the optimizer is built.
       return float(optimizer.initial_scale)

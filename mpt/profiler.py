@@ -36,10 +36,10 @@ def parse_window(spec: str, warmup_steps: int, total_steps: int) -> tuple[int, i
 class ProfileWindow(keras.callbacks.Callback):
   """Traces global steps first..last with the TensorFlow profiler."""
 
-  def __init__(self, logdir: str, first: int, last: int):
+  def __init__(self, logdir: str, first: int, last: int, first_step: int = 0):
     super().__init__()
     self.logdir, self.first, self.last = logdir, first, last
-    self.step = 0  # Global step being run (1-based).
+    self.step = first_step  # Global step being run (1-based); > 0 when resumed.
     self._active = False
     self._marker = None
 

@@ -19,9 +19,23 @@ import tensorflow as tf
 StepFn = Callable[[tf.Tensor, tf.Tensor], dict[str, tf.Tensor]]
 
 
-def make_loss() -> keras.losses.Loss:
+class _FactoredLoss(keras.losses.Loss):
+  """The loss times a variable factor (fault injection, mpt/faults.py)."""
+
+  def __init__(self, base: keras.losses.Loss, factor: tf.Variable):
+    super().__init__(name=base.name)
+    self.base, self.factor = base, factor
+
+  def call(self, y_true, y_pred):
+    losses = self.base.call(y_true, y_pred)
+    return losses * tf.cast(self.factor, losses.dtype)
+
+
+def make_loss(factor: tf.Variable | None = None) -> keras.losses.Loss:
+  """The one loss of both loops; `factor` multiplies it (for fault injection)."""
   # The model's output is a float32 softmax, so the loss is computed in float32.
-  return keras.losses.SparseCategoricalCrossentropy(name="loss")
+  loss = keras.losses.SparseCategoricalCrossentropy(name="loss")
+  return _FactoredLoss(loss, factor) if factor is not None else loss
 
 
 def make_metrics() -> list[keras.metrics.Metric]:
@@ -32,13 +46,14 @@ class Steps:
   """The custom loop's compiled train and eval steps, with their metric state."""
 
   def __init__(self, model: keras.Model, optimizer: keras.optimizers.Optimizer,
-               jit_compile: bool = False):
+               loss: keras.losses.Loss | None = None, jit_compile: bool = False):
     self.model, self.optimizer = model, optimizer
-    self.loss_fn = make_loss()
+    self.loss_fn = loss or make_loss()
     self.loss_tracker = keras.metrics.Mean(name="loss")
     self.metrics = [self.loss_tracker] + make_metrics()
     # Variables must exist before the first trace: tf.function cannot create them.
-    optimizer.build(model.trainable_variables)
+    if not optimizer.built:
+      optimizer.build(model.trainable_variables)
     compile_ = lambda fn: tf.function(fn, jit_compile=jit_compile, reduce_retracing=True)
     self.train_step: StepFn = compile_(self._train_step)
     self.eval_step: StepFn = compile_(self._eval_step)

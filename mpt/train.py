@@ -1,13 +1,18 @@
 """One training run, start to finish: `train_and_evaluate(cfg)` -> summary dict.
 
 Checks the config, sets the precision policy, loads the data, builds the model and the
-optimizer, inspects the model's dtypes, runs the chosen loop with the shared callbacks
-(timer, TensorBoard writer, profiler window) and a utilisation sampler, and writes the
-run folder: event files, `flags.txt` (a flagfile that replays the run), `dtypes.json`
-and `summary.json`. Events are flushed and summary.json written however the loop ends:
-normally (`completed`), on Ctrl-C (`interrupted`) or on an error (`failed`).
+optimizer (restored from the latest checkpoint with `--resume`), inspects the model's
+dtypes, runs the chosen loop with the shared callbacks and a utilisation sampler, and
+writes the run folder: event files, `flags.txt` (a flagfile that replays the run),
+`dtypes.json`, `checkpoints/` and `summary.json`.
+
+However the loop ends, events are flushed and summary.json is written, with status
+`completed`; `interrupted` (Ctrl-C or SIGTERM: a checkpoint is saved first, exit 130);
+`diverged` (NaN/Inf loss or a collapsed loss scale: the last good checkpoint is left
+as it was, exit 3); or `failed` (a bug: the traceback follows).
 """
 
+import dataclasses
 import pathlib
 import platform
 import time
@@ -17,8 +22,10 @@ from absl import logging
 import keras
 import tensorflow as tf
 
+from mpt import checkpoint
 from mpt import config
 from mpt import data as data_lib
+from mpt import faults
 from mpt import hardware
 from mpt import inspect
 from mpt import instrument
@@ -28,12 +35,15 @@ from mpt import precision
 from mpt import profiler
 from mpt import rundir
 from mpt import sampler as sampler_lib
+from mpt import steps as steps_lib
+from mpt.errors import UserError
 
 
 def _summary(cfg: config.Config, run_dir: pathlib.Path, policy, data: data_lib.Data,
              optimizer, timer: instrument.StepTimer, status: str, wall_s: float,
              slow_warning: str | None, report: dict[str, Any] | None,
-             util: dict[str, Any] | None, gpu_absent: str | None) -> dict[str, Any]:
+             sampler: sampler_lib.Sampler | None,
+             ckpt: checkpoint.Checkpointer) -> dict[str, Any]:
   logs, stats = timer.epoch_logs, timer.stats()
   ms = stats["median"]
   flops = inspect.train_step_flops(report, cfg.batch_size) if report else None
@@ -60,8 +70,15 @@ def _summary(cfg: config.Config, run_dir: pathlib.Path, policy, data: data_lib.D
       "peak_gflops": peak, "peak_source": peak_source,
       "mfu": achieved / peak if achieved and peak else None,
       "flops_share_16bit": report["flops_share_16bit"] if report else None,
-      "util": util, "gpu_util_absent": gpu_absent,
+      "util": sampler.stats() if sampler else None,
+      "gpu_util_absent": sampler.gpu_absent if sampler else None,
+      "checkpoint": ckpt.latest,
+      "checkpoint_ms": ({"median": sorted(ckpt.save_ms)[len(ckpt.save_ms) // 2],
+                         "total": sum(ckpt.save_ms), "saves": len(ckpt.save_ms)}
+                        if ckpt.save_ms else None),
+      "train_s": sum(timer.durations_ms) / 1e3,
       "jit_compile": cfg.jit_compile, "instrument": cfg.instrument, "seed": cfg.seed,
+      "deterministic": cfg.deterministic, "resumed": bool(cfg.resume),
       "n_train": data.n_train, "n_val": data.n_val,
       "skipped_files": len(data.skipped_files),
       "skipped_file_names": data.skipped_files[:20],
@@ -71,86 +88,139 @@ def _summary(cfg: config.Config, run_dir: pathlib.Path, policy, data: data_lib.D
   }
 
 
-def _hparams(cfg: config.Config) -> dict[str, Any]:
-  return {k: getattr(cfg, k) for k in ("policy", "loop", "model", "batch_size",
-                                       "image_size", "jit_compile", "dataset")}
+def resume_config(cfg: config.Config) -> config.Config:
+  """The config a run folder was started with, to continue it (`--resume`)."""
+  flags_txt = pathlib.Path(cfg.resume).expanduser() / "flags.txt"
+  if not flags_txt.is_file():
+    raise UserError(f"--resume={cfg.resume!r} is not a run folder (no flags.txt)")
+  saved = config.from_flagfile(flags_txt.read_text())
+  return dataclasses.replace(saved, resume=cfg.resume, verbose=cfg.verbose)
 
 
-def train_and_evaluate(cfg: config.Config) -> dict[str, Any]:
-  """Runs one training run as `cfg` says; returns what it wrote to summary.json."""
-  start = time.perf_counter()
+def _prepare(cfg: config.Config):
+  """Everything before the first step; UserError before any work where possible."""
   config.validate(cfg)
   models.get(cfg.model)
   rundir.check_root(cfg)
   profiler.parse_window(cfg.profile_steps, cfg.warmup_steps, 10**12)  # Syntax, early.
-
+  fault_window = faults.parse_steps(cfg.fault_steps)
   keras.backend.clear_session()  # Fresh graph state when runs share a process (tests).
   keras.utils.set_random_seed(cfg.seed)
+  if cfg.deterministic:
+    tf.config.experimental.enable_op_determinism()
   policy = precision.set_policy(cfg.policy)
   print(precision.describe(policy), flush=True)
   slow_warning = precision.warn_if_slow(cfg.policy)
-
   data = data_lib.load(cfg)
   logging.info("data: %s, %d train / %d val images, %d classes, %d skipped files",
                data.source, data.n_train, data.n_val, len(data.class_names),
                len(data.skipped_files))
   window = profiler.parse_window(cfg.profile_steps, cfg.warmup_steps,
                                  cfg.epochs * data.steps_per_epoch)
-  run_dir = rundir.create(cfg)
-  (run_dir / "flags.txt").write_text(config.to_flagfile(cfg))
+  return policy, slow_warning, data, window, fault_window
+
+
+def train_and_evaluate(cfg: config.Config) -> dict[str, Any]:
+  """Runs one training run as `cfg` says; returns what it wrote to summary.json."""
+  start = time.perf_counter()
+  if cfg.resume:
+    cfg = resume_config(cfg)
+  policy, slow_warning, data, window, fault_window = _prepare(cfg)
+  if cfg.resume:
+    run_dir = pathlib.Path(cfg.resume).expanduser()
+  else:
+    run_dir = rundir.create(cfg)
+    (run_dir / "flags.txt").write_text(config.to_flagfile(cfg))
   size = cfg.image_size
   model = models.build(cfg.model, (size, size, 3), len(data.class_names),
                        bn_momentum=cfg.bn_momentum)
-  optimizer = precision.make_optimizer(cfg.policy, cfg.learning_rate)
+  optimizer = precision.make_optimizer(cfg.policy, cfg.learning_rate, cfg.loss_scale)
+  optimizer.build(model.trainable_variables)  # Its slots must exist to be restored.
+  ckpt = checkpoint.Checkpointer(run_dir, model, optimizer, cfg.keep_checkpoints)
+  start_step, prior = 0, {}
+  if cfg.resume:
+    start_step, _, prior = ckpt.restore()
+    checkpoint.prune_events(run_dir, start_step)
+    print(f"mpt: resuming {run_dir} at step {start_step}", flush=True)
+  prior_wall = prior.get("wall_s", 0.0)
 
   report = None
   if cfg.instrument:
     report = inspect.inspect_model(model, seed=cfg.seed)
     rundir.write_json(run_dir / "dtypes.json", report)
     logging.info("per-layer dtypes:\n%s", inspect.format_table(report))
-  timer = instrument.StepTimer(cfg.warmup_steps)
+  timer = instrument.StepTimer(cfg.warmup_steps, prior.get("timer"))
   sampler = sampler_lib.Sampler(cfg.sample_every) if cfg.instrument else None
-  steps_run = lambda: timer.steps
   writer = instrument.ScalarWriter(
       str(run_dir), timer, cfg.batch_size, every=cfg.log_every,
       detailed=cfg.instrument, sampler=sampler,
       flops_per_step=inspect.train_step_flops(report, cfg.batch_size) if report else None,
       precision_state=lambda: {
           "loss_scale": precision.loss_scale(optimizer) or 1.0,
-          "skipped_steps": precision.skipped_steps(optimizer, steps_run())},
+          "skipped_steps": precision.skipped_steps(optimizer, timer.steps)},
       texts={"run/flags": "```\n" + config.to_flagfile(cfg) + "```",
              "precision/policy": precision.describe(policy),
              **({"inspect/dtypes": inspect.format_table(report, markdown=True)}
                 if report else {})},
-      hparams=_hparams(cfg) if cfg.instrument else None)
-  callbacks = [timer, writer]
-  window_cb = profiler.ProfileWindow(str(run_dir), *window) if window else None
+      hparams=_hparams(cfg) if cfg.instrument and not cfg.resume else None)
+  state = lambda: {"timer": timer.state(),
+                   "wall_s": prior_wall + time.perf_counter() - start}
+  ckpt_cb = checkpoint.CheckpointCallback(ckpt, cfg.checkpoint_every,
+                                          data.steps_per_epoch, start_step, state)
+  stop = faults.SignalStop()
+  # Order matters at a step's end: the timer counts the step, the guard may stop a
+  # diverged run before the checkpoint is written, a signal stops after it.
+  callbacks = [timer, writer,
+               faults.DivergenceGuard(start_step, lambda: precision.loss_scale(optimizer)
+                                      if cfg.loss_scale == "dynamic" else None,
+                                      cfg.min_loss_scale),
+               ckpt_cb, stop]
+  factor = None
+  if fault_window:
+    factor = tf.Variable(1.0, trainable=False, dtype=tf.float32)
+    callbacks.insert(0, faults.FaultInjector(factor, cfg.fault_factor, fault_window,
+                                             start_step))
+  window_cb = profiler.ProfileWindow(str(run_dir), *window, first_step=start_step) \
+      if window else None
   if window_cb:
     callbacks.insert(0, window_cb)
 
-  status = "failed"  # Until the loop returns or is interrupted.
+  status, message = "failed", None  # Until the loop returns or is stopped.
   try:
+    stop.install()
     if sampler:
       sampler.start()
     loops.LOOPS[cfg.loop](model, optimizer, data, cfg, callbacks,
-                          fetch=timer.fetch if cfg.instrument else None)
+                          fetch=timer.fetch if cfg.instrument else None,
+                          loss=steps_lib.make_loss(factor),  # with the fault factor
+                          start_step=start_step)
+    ckpt_cb.save()
     status = "completed"
-  except KeyboardInterrupt:
+  except (KeyboardInterrupt, faults.Interrupted):
     status = "interrupted"
-    print("\nmpt: interrupted; writing summary.json", flush=True)
+    saved = ckpt_cb.save() or ckpt.latest
+    message = f"mpt: interrupted at step {timer.steps}; checkpoint {saved}"
+  except faults.Diverged as e:
+    status = "diverged"
+    message = (f"mpt: {e}; last good checkpoint: {ckpt.latest or 'none'} "
+               f"(resume with --resume={run_dir})")
   finally:
+    stop.uninstall()
     if window_cb:
       window_cb.close()
     if sampler:
       sampler.stop()
     summary = _summary(cfg, run_dir, policy, data, optimizer, timer, status,
-                       time.perf_counter() - start, slow_warning, report,
-                       sampler.stats() if sampler else None,
-                       sampler.gpu_absent if sampler else None)
+                       prior_wall + time.perf_counter() - start, slow_warning, report,
+                       sampler, ckpt)
+    if message:
+      summary["message"] = message
     writer.write_final(summary)
     writer.close()
     rundir.write_json(run_dir / "summary.json", summary)
 
+  if message:
+    print(message, flush=True)
   parts = [f"mpt: {status}: {run_dir}", f"{summary['steps']} steps"]
   if summary["ms_per_step"]:
     parts.append(f"{summary['ms_per_step']:.1f} ms/step")
@@ -161,29 +231,9 @@ def train_and_evaluate(cfg: config.Config) -> dict[str, Any]:
   return summary
 
 
-def inspect_only(cfg: config.Config) -> dict[str, Any]:
-  """`--mode=inspect`: the dtype report of `cfg.model` under `cfg.policy`, no training.
-
-  The model gets 10 classes (Imagenette's) and `--image_size` inputs; the report is
-  printed and written to a run folder as dtypes.json and a TensorBoard text summary.
-  """
-  config.validate(cfg)
-  models.get(cfg.model)
-  rundir.check_root(cfg)
-  keras.backend.clear_session()
-  keras.utils.set_random_seed(cfg.seed)
-  policy = precision.set_policy(cfg.policy)
-  print(precision.describe(policy))
-  size = cfg.image_size
-  model = models.build(cfg.model, (size, size, 3), 10, bn_momentum=cfg.bn_momentum)
-  report = inspect.inspect_model(model, seed=cfg.seed)
-  print(inspect.format_table(report))
-  run_dir = rundir.create(cfg)
-  rundir.write_json(run_dir / "dtypes.json", report)
-  with tf.summary.create_file_writer(str(run_dir)).as_default(step=0):
-    tf.summary.text("inspect/dtypes", inspect.format_table(report, markdown=True))
-  print(f"mpt: wrote {run_dir / 'dtypes.json'}")
-  return {"status": "completed", "run_dir": str(run_dir), **report}
+def _hparams(cfg: config.Config) -> dict[str, Any]:
+  return {k: getattr(cfg, k) for k in ("policy", "loop", "model", "batch_size",
+                                       "image_size", "jit_compile", "dataset")}
 
 
-MODES = {"train": train_and_evaluate, "inspect": inspect_only}
+MODES = {"train": train_and_evaluate, "inspect": inspect.run}

@@ -1,0 +1,132 @@
+"""Checkpoints: SIGKILL-and-resume equivalence, fallback, determinism, run folders."""
+
+import json
+import pathlib
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from mpt import checkpoint
+from mpt import config
+from mpt import models
+from mpt import precision
+from mpt import rundir
+from mpt import train
+from mpt.errors import UserError
+
+from conftest import read_scalars
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def final_weights(run_dir: pathlib.Path) -> dict[str, np.ndarray]:
+  reader = tf.train.load_checkpoint(str(run_dir / "checkpoints"))
+  return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
+          if name.startswith(("model/", "optimizer/"))}
+
+
+@pytest.mark.parametrize("loop", ["fit", "custom"])
+def test_resume_after_sigkill_matches_an_uninterrupted_run_bitwise(tmp_path, loop):
+  common = [sys.executable, "-m", "mpt.main", f"--loop={loop}", "--deterministic",
+            "--epochs=10", "--image_size=32", "--batch_size=8", "--synthetic_train=64",
+            "--synthetic_val=16", "--synthetic_px=40", "--checkpoint_every=3",
+            "--verbose=0", f"--data_dir={tmp_path}", f"--logdir={tmp_path}/logs"]
+  full = subprocess.run(common + ["--run_name=full"], cwd=ROOT, capture_output=True,
+                        text=True, timeout=300)
+  assert full.returncode == 0, full.stderr
+
+  killed = subprocess.Popen(common + ["--run_name=killed"], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  index = tmp_path / "logs" / "killed" / "checkpoints" / "checkpoint"
+  deadline = time.time() + 120
+  while time.time() < deadline and not index.exists():
+    time.sleep(0.005)
+  killed.send_signal(signal.SIGKILL)  # Mid-epoch: the first checkpoint is at step 3.
+  killed.wait(timeout=60)
+  run = tmp_path / "logs" / "killed"
+  assert not (run / "summary.json").exists()  # It really died before finishing.
+  restored_at = int(tf.train.latest_checkpoint(str(run / "checkpoints")).rsplit("-", 1)[1])
+  assert 3 <= restored_at < 80
+
+  resumed = subprocess.run([sys.executable, "-m", "mpt.main", f"--resume={run}",
+                            "--verbose=0"], cwd=ROOT, capture_output=True, text=True,
+                           timeout=300)
+  assert resumed.returncode == 0, resumed.stderr
+  assert f"resuming {run} at step {restored_at}" in resumed.stdout
+  summary = json.loads((run / "summary.json").read_text())
+  assert summary["status"] == "completed" and summary["resumed"]
+  assert summary["steps"] == 80 and summary["epochs_completed"] == 10
+  # TensorBoard curves continue at the right steps, none twice, none missing.
+  assert [s for s, _ in read_scalars(run)["train/loss"]] == list(range(8, 81, 8))
+
+  a, b = final_weights(tmp_path / "logs" / "full"), final_weights(run)
+  assert a.keys() == b.keys() and len(a) > 10
+  diff = max(float(np.max(np.abs(a[k] - b[k]))) if a[k].size else 0.0 for k in a)
+  print(f"{loop}: resumed at step {restored_at}, max abs weight difference {diff}")
+  assert diff == 0.0
+
+
+def test_two_deterministic_runs_give_identical_losses(tiny):
+  first = train.train_and_evaluate(tiny(deterministic=True, loop="fit"))
+  second = train.train_and_evaluate(tiny(deterministic=True, loop="fit"))
+  a, b = read_scalars(first["run_dir"]), read_scalars(second["run_dir"])
+  assert a["train/loss"] == b["train/loss"] and a["eval/loss"] == b["eval/loss"]
+
+
+def test_corrupt_latest_checkpoint_falls_back_to_the_one_before(tiny, capsys):
+  done = train.train_and_evaluate(tiny(checkpoint_every=4, loop="custom"))
+  ckpts = pathlib.Path(done["run_dir"]) / "checkpoints"
+  assert sorted(p.name for p in ckpts.glob("*.index")) == [
+      "ckpt-16.index", "ckpt-20.index", "ckpt-24.index"]
+  data = next(ckpts.glob("ckpt-24.data-*"))
+  data.write_bytes(data.read_bytes()[:100])
+  resumed = train.train_and_evaluate(config.Config(resume=done["run_dir"], verbose=0))
+  assert "checkpoint" in capsys.readouterr().out
+  assert resumed["status"] == "completed" and resumed["steps"] == 24
+  assert resumed["checkpoint"].endswith("ckpt-24")  # Written again from step 20.
+
+
+def test_loss_scale_is_checkpointed(tiny):
+  summary = train.train_and_evaluate(tiny(policy="mixed_float16", fault_factor=1e30,
+                                          fault_steps="2,4", epochs=1))
+  assert summary["loss_scale"] <= 2.0**15 / 8
+  precision.set_policy("mixed_float16")
+  model = models.build("seed_convnet", (32, 32, 3), 10)
+  opt = precision.make_optimizer("mixed_float16", 1e-3)
+  opt.build(model.trainable_variables)
+  ckpt = checkpoint.Checkpointer(pathlib.Path(summary["run_dir"]), model, opt)
+  step, epoch, state = ckpt.restore()
+  assert (step, epoch) == (8, 1)
+  assert precision.loss_scale(opt) == summary["loss_scale"]
+  assert precision.skipped_steps(opt, step) == summary["skipped_steps"] >= 3
+  precision.set_policy("float32")
+
+
+def test_resume_needs_a_run_folder(tmp_path):
+  with pytest.raises(UserError, match="is not a run folder"):
+    train.train_and_evaluate(config.Config(resume=str(tmp_path)))
+
+
+def test_resume_refuses_changed_flags(tmp_path):
+  proc = subprocess.run([sys.executable, "-m", "mpt.main", f"--resume={tmp_path}",
+                         "--batch_size=3"], cwd=ROOT, capture_output=True, text=True,
+                        timeout=120)
+  assert proc.returncode == 2 and "drop --batch_size" in proc.stderr
+
+
+def test_concurrent_runs_get_distinct_folders(tmp_path):
+  cfg = config.Config(logdir=str(tmp_path), run_name="same")
+  made = []
+  threads = [threading.Thread(target=lambda: made.append(rundir.create(cfg)))
+             for _ in range(16)]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  assert len({str(p) for p in made}) == 16

@@ -1,0 +1,89 @@
+"""Overflow, divergence and signals, in both loops."""
+
+import json
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from mpt import train
+
+from conftest import read_events, read_scalars
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("loop", ["fit", "custom"])
+def test_float16_overflow_is_skipped_and_training_recovers(tiny, loop):
+  summary = train.train_and_evaluate(tiny(loop=loop, policy="mixed_float16",
+                                          fault_factor=1e30, fault_steps="3,5"))
+  assert summary["status"] == "completed"
+  assert summary["skipped_steps"] >= 3  # The three poisoned steps at least.
+  assert summary["loss_scale"] <= 2.0**15 / 8
+  losses = [v for _, v in read_scalars(summary["run_dir"])["train/loss"]]
+  assert losses[0] > 1e20  # Epoch 1's mean holds the huge (finite) losses ...
+  assert np.isfinite(losses[-1]) and losses[-1] < 5  # ... and training went on.
+  skipped = read_scalars(summary["run_dir"])["precision/skipped_steps"]
+  assert skipped[-1][1] == summary["skipped_steps"]
+
+
+@pytest.mark.parametrize("loop", ["fit", "custom"])
+def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tiny, loop):
+  summary = train.train_and_evaluate(tiny(loop=loop, fault_factor=float("nan"),
+                                          fault_steps="10,10", checkpoint_every=4))
+  assert summary["status"] == "diverged"
+  assert "diverged at step 10: loss is nan" in summary["message"]
+  assert "last good checkpoint" in summary["message"] and "ckpt-8" in summary["message"]
+  run = pathlib.Path(summary["run_dir"])
+  assert tf.train.latest_checkpoint(str(run / "checkpoints")).endswith("ckpt-8")
+  reader = tf.train.load_checkpoint(str(run / "checkpoints"))
+  assert all(np.all(np.isfinite(reader.get_tensor(n)))
+             for n, dtype in reader.get_variable_to_dtype_map().items()
+             if dtype.is_floating)
+  assert json.loads((run / "summary.json").read_text())["status"] == "diverged"
+
+
+def test_collapsing_loss_scale_is_divergence(tiny):
+  summary = train.train_and_evaluate(tiny(loop="custom", policy="mixed_float16",
+                                          fault_factor=1e30, fault_steps="1,24"))
+  assert summary["status"] == "diverged"
+  assert "loss scale fell to 0.5" in summary["message"]
+  assert summary["steps"] == 16  # 2**15 halved 16 times is 0.5.
+
+
+def test_cli_exit_status_for_divergence(tmp_path):
+  proc = subprocess.run(
+      [sys.executable, "-m", "mpt.main", "--fault_factor=nan", "--fault_steps=2,2",
+       "--epochs=1", "--image_size=16", "--batch_size=4", "--synthetic_train=20",
+       "--synthetic_val=10", "--synthetic_px=20", "--verbose=0",
+       f"--data_dir={tmp_path}", f"--logdir={tmp_path}/logs"],
+      cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 3
+  assert "mpt: diverged at step 2: loss is nan; last good checkpoint: none" in proc.stdout
+
+
+def test_sigterm_saves_a_checkpoint_and_says_interrupted(tmp_path):
+  logdir = tmp_path / "logs"
+  proc = subprocess.Popen(
+      [sys.executable, "-m", "mpt.main", "--epochs=1000", "--steps_per_epoch=2",
+       "--image_size=16", "--batch_size=4", "--synthetic_train=20",
+       "--synthetic_val=10", "--synthetic_px=20", "--verbose=0", "--run_name=r",
+       "--checkpoint_every=0", f"--data_dir={tmp_path}", f"--logdir={logdir}"],
+      cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  run = logdir / "r"
+  deadline = time.time() + 120
+  while time.time() < deadline and "train/loss" not in (
+      read_events(run) if run.exists() else {}):
+    time.sleep(0.2)
+  proc.send_signal(signal.SIGTERM)
+  out, err = proc.communicate(timeout=120)
+  assert proc.returncode == 130, err
+  summary = json.loads((run / "summary.json").read_text())
+  assert summary["status"] == "interrupted"
+  assert summary["checkpoint"].endswith(f"ckpt-{summary['steps']}")
+  assert f"interrupted at step {summary['steps']}" in out
