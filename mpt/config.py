@@ -131,6 +131,21 @@ def validate(cfg: Config) -> Config:
   return cfg
 
 
+def parse_steps(spec: str, flag: str) -> tuple[int, int] | None:
+  """A step window flag, `"A,B"` -> (A, B) with 1 <= A <= B; `""` -> None."""
+  if not spec:
+    return None
+  try:
+    first, last = (int(x) for x in spec.split(","))
+  except ValueError:
+    raise UserError(f"--{flag}={spec!r} must be two step numbers A,B") from None
+  if first > last:
+    raise UserError(f"--{flag}={spec}: the window is reversed ({first} > {last})")
+  if first < 1:
+    raise UserError(f"--{flag}={spec}: steps count from 1")
+  return first, last
+
+
 def from_flagfile(text: str) -> Config:
   """Parses what `to_flagfile` wrote (a run's flags.txt) back into a Config."""
   values = {}

@@ -20,7 +20,6 @@ from typing import Callable
 import keras
 import tensorflow as tf
 
-from mpt.errors import UserError
 
 
 class Diverged(Exception):
@@ -84,18 +83,6 @@ class SignalStop(keras.callbacks.Callback):
       raise Interrupted(signal.Signals(self.signal).name)
 
   on_test_batch_end = on_train_batch_end
-
-
-def parse_steps(spec: str) -> tuple[int, int] | None:
-  if not spec:
-    return None
-  try:
-    first, last = (int(x) for x in spec.split(","))
-  except ValueError:
-    raise UserError(f"--fault_steps={spec!r} must be two step numbers A,B") from None
-  if not 1 <= first <= last:
-    raise UserError(f"--fault_steps={spec}: need 1 <= A <= B")
-  return first, last
 
 
 class FaultInjector(keras.callbacks.Callback):

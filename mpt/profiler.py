@@ -12,19 +12,16 @@ from absl import logging
 import keras
 import tensorflow as tf
 
+from mpt import config
 from mpt.errors import UserError
 
 
 def parse_window(spec: str, warmup_steps: int, total_steps: int) -> tuple[int, int] | None:
   """`"A,B"` -> (A, B), checked against the run's length; "" -> None."""
-  if not spec:
+  window = config.parse_steps(spec, "profile_steps")
+  if window is None:
     return None
-  try:
-    first, last = (int(x) for x in spec.split(","))
-  except ValueError:
-    raise UserError(f"--profile_steps={spec!r} must be two step numbers A,B") from None
-  if first > last:
-    raise UserError(f"--profile_steps={spec}: the window is reversed ({first} > {last})")
+  first, last = window
   if first <= warmup_steps:
     raise UserError(f"--profile_steps={spec}: the window must start after the "
                     f"{warmup_steps} warm-up steps (--warmup_steps)")

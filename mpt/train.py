@@ -103,7 +103,7 @@ def _prepare(cfg: config.Config):
   models.get(cfg.model)
   rundir.check_root(cfg)
   profiler.parse_window(cfg.profile_steps, cfg.warmup_steps, 10**12)  # Syntax, early.
-  fault_window = faults.parse_steps(cfg.fault_steps)
+  fault_window = config.parse_steps(cfg.fault_steps, "fault_steps")
   keras.backend.clear_session()  # Fresh graph state when runs share a process (tests).
   keras.utils.set_random_seed(cfg.seed)
   if cfg.deterministic:

@@ -5,6 +5,9 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import pathlib
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -52,3 +55,25 @@ def read_events(run_dir) -> dict[str, list[tuple[int, object]]]:
 def read_scalars(run_dir) -> dict[str, list[tuple[int, float]]]:
   return {tag: values for tag, values in read_events(run_dir).items()
           if values and isinstance(values[0][1], float)}
+
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def tiny_cli(tmp_path, *flags: str) -> list[str]:
+  """argv of `python -m mpt.main` training in seconds on tiny data under tmp_path."""
+  return [sys.executable, "-m", "mpt.main", "--image_size=16", "--batch_size=4",
+          "--synthetic_train=20", "--synthetic_val=10", "--synthetic_px=20",
+          "--verbose=0", f"--data_dir={tmp_path}", f"--logdir={tmp_path}/logs", *flags]
+
+
+def start_and_wait_for_an_epoch(tmp_path, *flags: str) -> subprocess.Popen:
+  """Starts a long tiny run named `r`; returns once its first epoch is in the events."""
+  proc = subprocess.Popen(
+      tiny_cli(tmp_path, "--epochs=1000", "--steps_per_epoch=2", "--run_name=r", *flags),
+      cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  run, deadline = tmp_path / "logs" / "r", time.time() + 120
+  while time.time() < deadline and "train/loss" not in (
+      read_events(run) if run.exists() else {}):
+    time.sleep(0.2)
+  return proc

@@ -4,8 +4,6 @@ import json
 import pathlib
 import signal
 import subprocess
-import sys
-import time
 
 import numpy as np
 import pytest
@@ -13,9 +11,7 @@ import tensorflow as tf
 
 from mpt import train
 
-from conftest import read_events, read_scalars
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+from conftest import ROOT, read_scalars, start_and_wait_for_an_epoch, tiny_cli
 
 
 @pytest.mark.parametrize("loop", ["fit", "custom"])
@@ -58,32 +54,18 @@ def test_collapsing_loss_scale_is_divergence(tiny):
 
 def test_cli_exit_status_for_divergence(tmp_path):
   proc = subprocess.run(
-      [sys.executable, "-m", "mpt.main", "--fault_factor=nan", "--fault_steps=2,2",
-       "--epochs=1", "--image_size=16", "--batch_size=4", "--synthetic_train=20",
-       "--synthetic_val=10", "--synthetic_px=20", "--verbose=0",
-       f"--data_dir={tmp_path}", f"--logdir={tmp_path}/logs"],
+      tiny_cli(tmp_path, "--fault_factor=nan", "--fault_steps=2,2", "--epochs=1"),
       cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 3
   assert "mpt: diverged at step 2: loss is nan; last good checkpoint: none" in proc.stdout
 
 
 def test_sigterm_saves_a_checkpoint_and_says_interrupted(tmp_path):
-  logdir = tmp_path / "logs"
-  proc = subprocess.Popen(
-      [sys.executable, "-m", "mpt.main", "--epochs=1000", "--steps_per_epoch=2",
-       "--image_size=16", "--batch_size=4", "--synthetic_train=20",
-       "--synthetic_val=10", "--synthetic_px=20", "--verbose=0", "--run_name=r",
-       "--checkpoint_every=0", f"--data_dir={tmp_path}", f"--logdir={logdir}"],
-      cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-  run = logdir / "r"
-  deadline = time.time() + 120
-  while time.time() < deadline and "train/loss" not in (
-      read_events(run) if run.exists() else {}):
-    time.sleep(0.2)
+  proc = start_and_wait_for_an_epoch(tmp_path, "--checkpoint_every=0")
   proc.send_signal(signal.SIGTERM)
   out, err = proc.communicate(timeout=120)
   assert proc.returncode == 130, err
-  summary = json.loads((run / "summary.json").read_text())
+  summary = json.loads((tmp_path / "logs" / "r" / "summary.json").read_text())
   assert summary["status"] == "interrupted"
   assert summary["checkpoint"].endswith(f"ckpt-{summary['steps']}")
   assert f"interrupted at step {summary['steps']}" in out

@@ -1,7 +1,6 @@
 """The command line as a user meets it: real child processes, exit codes, stderr."""
 
 import json
-import os
 import pathlib
 import signal
 import subprocess
@@ -10,7 +9,7 @@ import time
 
 import pytest
 
-from conftest import read_events
+from conftest import read_events, start_and_wait_for_an_epoch
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -65,23 +64,13 @@ def test_offline_tfds_fails_within_seconds(tmp_path):
 
 
 def test_ctrl_c_writes_an_interrupted_summary(tmp_path):
-  logdir = tmp_path / "logs"
-  proc = subprocess.Popen(
-      [sys.executable, "-m", "mpt.main", "--epochs=1000", "--steps_per_epoch=2",
-       "--image_size=16", "--batch_size=4", "--synthetic_train=20",
-       "--synthetic_val=10", "--synthetic_px=20", "--verbose=0", "--run_name=r",
-       f"--data_dir={tmp_path}", f"--logdir={logdir}"],
-      cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-  events = logdir / "r"
-  deadline = time.time() + 120
-  while time.time() < deadline and not any(
-      tag == "train/loss" for tag in (read_events(events) if events.exists() else {})):
-    time.sleep(0.5)
+  proc = start_and_wait_for_an_epoch(tmp_path)
   proc.send_signal(signal.SIGINT)
   out, err = proc.communicate(timeout=120)
   assert proc.returncode == 130, err
   assert "Traceback" not in err
-  summary = json.loads((events / "summary.json").read_text())
+  run = tmp_path / "logs" / "r"
+  summary = json.loads((run / "summary.json").read_text())
   assert summary["status"] == "interrupted"
   assert summary["steps"] >= 2 and summary["epochs_completed"] >= 1
-  assert len(read_events(events)["train/loss"]) >= summary["epochs_completed"]
+  assert len(read_events(run)["train/loss"]) >= summary["epochs_completed"]

@@ -11,7 +11,6 @@ import urllib.request
 
 import pytest
 
-from mpt import profiler
 from mpt import train
 from mpt.errors import UserError
 
