@@ -72,6 +72,10 @@ def main(argv: list[str]) -> int:
 
 def run() -> None:
   """Console-script entry point (`mpt ...`)."""
+  # absl's --help lists the main script's key flags; for the `mpt` wrapper script that
+  # is not this module, so name ours as its key flags.
+  for f in config.fields():
+    FLAGS.register_key_flag_for_module(sys.argv[0], FLAGS[f.name])
   app.run(main)
 
 

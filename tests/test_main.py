@@ -2,6 +2,7 @@
 
 import json
 import pathlib
+import shutil
 import signal
 import subprocess
 import sys
@@ -74,3 +75,15 @@ def test_ctrl_c_writes_an_interrupted_summary(tmp_path):
   assert summary["status"] == "interrupted"
   assert summary["steps"] >= 2 and summary["epochs_completed"] >= 1
   assert len(read_events(run)["train/loss"]) >= summary["epochs_completed"]
+
+
+@pytest.mark.parametrize("argv", [["mpt"], [sys.executable, "-m", "mpt.main"]])
+def test_help_lists_the_flags_without_importing_tensorflow(argv):
+  if argv == ["mpt"] and not shutil.which("mpt"):
+    pytest.skip("console script not installed (pip install -e .)")
+  start = time.perf_counter()
+  proc = subprocess.run(argv + ["--helpshort"], cwd=ROOT, capture_output=True,
+                        text=True, timeout=60)
+  assert proc.returncode in (0, 1)  # absl's help exits 1.
+  assert "--policy" in proc.stdout and "--resume" in proc.stdout
+  assert time.perf_counter() - start < 5  # No TensorFlow import for --help.
