@@ -34,7 +34,8 @@ LAYOUT = "PATH/train/<class>/*.JPEG and PATH/val/<class>/*.JPEG (the imagenette2
 
 @dataclasses.dataclass
 class Data:
-  train: tf.data.Dataset  # endless (image float32 [0,1] NHWC, label int32) batches
+  # Builds the endless stream of (image float32 [0,1] NHWC, label int32) batches.
+  make_train: Callable[[], tf.data.Dataset]
   val: tf.data.Dataset  # one pass of batches, the last one possibly partial
   class_names: list[str]
   n_train: int  # usable examples, after skipping unreadable files
@@ -42,7 +43,11 @@ class Data:
   steps_per_epoch: int
   skipped_files: list[str]
   source: str  # where the data came from, for the log and summary.json
-  make_train: Callable[[], tf.data.Dataset] | None = None
+
+  @property
+  def train(self) -> tf.data.Dataset:
+    """The training stream from its start (a fresh pipeline each time)."""
+    return self.train_from(0)
 
   def train_from(self, step: int) -> tf.data.Dataset:
     """The training stream from global step `step` on, as a fresh pipeline.
@@ -195,6 +200,6 @@ def load(cfg: Config) -> Data:
   steps = math.ceil(n_train / cfg.batch_size)
   if cfg.steps_per_epoch:
     steps = min(steps, cfg.steps_per_epoch)
-  return Data(train=make_train(), val=val, class_names=classes, n_train=n_train,
+  return Data(make_train=make_train, val=val, class_names=classes, n_train=n_train,
               n_val=n_val, steps_per_epoch=steps, skipped_files=skipped_train + skipped_val,
-              source=source, make_train=make_train)
+              source=source)

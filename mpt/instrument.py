@@ -150,10 +150,6 @@ class ScalarWriter(keras.callbacks.Callback):
         tf.summary.scalar(tag, value)
     self.writer.flush()
 
-  def write_text(self, tag: str, text: str) -> None:
-    with self.writer.as_default(step=self.timer.steps):
-      tf.summary.text(tag, text)
-
   def write_final(self, summary: dict[str, Any]) -> None:
     """The HParams dashboard's metrics: the run's headline figures, at its last step."""
     with self.writer.as_default(step=self.timer.steps):

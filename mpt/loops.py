@@ -53,16 +53,17 @@ def run_fit(model: keras.Model, optimizer: keras.optimizers.Optimizer, data: Dat
     # Keras' TF train function runs its compiled one-step function on each element of
     # a plain Python iterator; given one batch, that is exactly one step.
     model.train_function = lambda iterator: keras_step(iter([fetch(iterator)]))
-  # One fit call per stretch of equal-length epochs: a resumed partial epoch, then the
-  # rest. Each starts a fresh stream at its global step (see Data.train_from).
-  segments = list(_segments(start_step, data.steps_per_epoch, cfg.epochs))
-  if len(segments) > 1 and segments[0][1] == data.steps_per_epoch:
-    segments = [segments[0]]  # Whole epochs only: a single call.
-  for i, (epoch, n, step) in enumerate(segments[:2]):
-    last = cfg.epochs if i == len(segments[:2]) - 1 else epoch + 1
-    model.fit(data.train_from(step), initial_epoch=epoch, epochs=last,
-              steps_per_epoch=n, validation_data=data.val, callbacks=callbacks,
-              verbose=cfg.verbose, shuffle=False)  # The pipeline shuffles; fit cannot.
+  spe = data.steps_per_epoch
+  epoch, done = divmod(start_step, spe)
+  fit = lambda step, first, last, n: model.fit(
+      data.train_from(step), initial_epoch=first, epochs=last, steps_per_epoch=n,
+      validation_data=data.val, callbacks=callbacks, verbose=cfg.verbose,
+      shuffle=False)  # The pipeline shuffles; fit cannot.
+  if done:  # Resumed mid-epoch: finish that epoch on its own first.
+    fit(start_step, epoch, epoch + 1, spe - done)
+    epoch += 1
+  if epoch < cfg.epochs:
+    fit(epoch * spe, epoch, cfg.epochs, spe)
 
 
 def evaluate(steps: steps_lib.Steps, data: Data) -> Logs:
