@@ -5,20 +5,48 @@ another, never concurrently, so they do not compete for the cores.
 """
 
 import json
+import os
 import pathlib
+import socket
 import subprocess
 import sys
 import time
 
 
-def run_cell(out: str, name: str, **flags) -> dict:
-  """Trains once with `flags` (plus --verbose=0) and returns its summary.json."""
+def _free_ports(n: int) -> list[int]:
+  sockets = [socket.socket() for _ in range(n)]
+  for s in sockets:
+    s.bind(("127.0.0.1", 0))
+  ports = [s.getsockname()[1] for s in sockets]
+  for s in sockets:
+    s.close()
+  return ports
+
+
+def run_cell(out: str, name: str, workers: int = 1, **flags) -> dict:
+  """Trains once with `flags` (plus --verbose=0) and returns its summary.json.
+
+  `workers` > 1: that many local processes form a MultiWorkerMirroredStrategy
+  cluster on 127.0.0.1 (TF_CONFIG set for each); the chief's summary is returned.
+  """
   name = f"{name}_{time.strftime('%H%M%S')}"
   cmd = [sys.executable, "-m", "mpt.main", "--verbose=0", f"--logdir={out}",
          f"--run_name={name}"] + [f"--{k}={v}" for k, v in flags.items()]
-  proc = subprocess.run(cmd, capture_output=True, text=True)
-  if proc.returncode:
-    raise SystemExit(f"cell failed: {' '.join(cmd)}\n{proc.stderr[-2000:]}")
+  if workers > 1:
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in _free_ports(workers)]}
+    procs = [subprocess.Popen(
+        cmd + ["--strategy=multi_worker"], stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, env={**os.environ, "TF_CONFIG": json.dumps(
+            {"cluster": cluster, "task": {"type": "worker", "index": i}})})
+        for i in range(workers)]
+    results = [p.communicate() for p in procs]
+    failed = [(p, err) for p, (_, err) in zip(procs, results) if p.returncode]
+    if failed:
+      raise SystemExit(f"cell failed: {' '.join(cmd)}\n{failed[0][1][-2000:]}")
+  else:
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode:
+      raise SystemExit(f"cell failed: {' '.join(cmd)}\n{proc.stderr[-2000:]}")
   summary = json.loads((pathlib.Path(out) / name / "summary.json").read_text())
   print(f"  {name:<40} {summary['ms_per_step']:9.1f} ms/step  "
         f"({summary['timed_steps']} timed steps, wall {summary['wall_s']:.0f} s)",

@@ -34,8 +34,13 @@ class Checkpointer:
   """Saves and restores model, optimizer, step and epoch under `<run>/checkpoints`."""
 
   def __init__(self, run_dir: pathlib.Path, model: keras.Model,
-               optimizer: keras.optimizers.Optimizer, keep: int = 3):
-    self.dir = run_dir / "checkpoints"
+               optimizer: keras.optimizers.Optimizer, keep: int = 3,
+               write_dir: pathlib.Path | None = None):
+    # A non-chief worker restores from the run folder but saves into its scratch
+    # folder (`write_dir`): it must join every save, but its files are thrown away.
+    self.read_dir = run_dir / "checkpoints"
+    self.dir = (write_dir or run_dir) / "checkpoints"
+    self.keep = keep
     self.step = tf.Variable(0, dtype=tf.int64, trainable=False)
     self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False)
     self.ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer, step=self.step,
@@ -67,14 +72,16 @@ class Checkpointer:
 
   def restore(self) -> tuple[int, int, dict[str, Any]]:
     """Restores the newest checkpoint that loads; returns (step, epoch, state)."""
-    candidates = list(reversed(self.manager.checkpoints))
+    manager = self.manager if self.read_dir == self.dir else \
+        tf.train.CheckpointManager(self.ckpt, str(self.read_dir), max_to_keep=self.keep)
+    candidates = list(reversed(manager.checkpoints))
     if not candidates:
-      raise UserError(f"no checkpoint to resume from in {self.dir}")
+      raise UserError(f"no checkpoint to resume from in {self.read_dir}")
     for path in candidates:
       step = int(path.rsplit("-", 1)[1])
       try:
         self.ckpt.restore(path).assert_existing_objects_matched()
-        state = json.loads((self.dir / f"state-{step}.json").read_text())
+        state = json.loads((self.read_dir / f"state-{step}.json").read_text())
       except Exception as e:  # A damaged file fails in many ways (OpError, IndexError...).
         logging.warning("checkpoint %s does not restore (%s); trying the one before it",
                         path, str(e).splitlines()[0][:200])
@@ -82,7 +89,7 @@ class Checkpointer:
         continue
       self.last_saved_step = step
       return int(self.step.numpy()), int(self.epoch.numpy()), state
-    raise UserError(f"none of the checkpoints in {self.dir} restores "
+    raise UserError(f"none of the checkpoints in {self.read_dir} restores "
                     f"({', '.join(pathlib.Path(p).name for p in candidates)})")
 
 

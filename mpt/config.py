@@ -15,6 +15,7 @@ from mpt.errors import UserError
 POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
 LOOPS = ("fit", "custom")
 MODES = ("train", "inspect")
+STRATEGIES = ("default", "mirrored", "multi_worker", "tpu")
 
 
 def _field(default: Any, help: str, choices: tuple[str, ...] | None = None,
@@ -43,7 +44,8 @@ class Config:
   download: bool = _field(False, "Let TFDS download and prepare the dataset.")
   image_size: int = _field(64, "Images are resized to image_size x image_size "
                            "(the seed used 256).", lower_bound=1)
-  batch_size: int = _field(32, "Global batch size.", lower_bound=1)
+  batch_size: int = _field(32, "Global batch size: each step's batch, split evenly "
+                           "across the replicas of --strategy.", lower_bound=1)
   epochs: int = _field(4, "Training epochs.", lower_bound=1)
   steps_per_epoch: int = _field(0, "Cap on train steps per epoch; 0 = one pass over "
                                 "the training set.", lower_bound=0)
@@ -52,6 +54,17 @@ class Config:
       0.9, "BatchNorm moving-average momentum. Keras' default 0.99 (the seed's) "
       "leaves the moving statistics unsettled in short runs.")
   seed: int = _field(0, "Seeds weights, shuffling and synthetic data generation.")
+  strategy: str = _field(
+      "default", "tf.distribute strategy: `default` (one device), `mirrored` (this "
+      "machine's GPUs, or --cpu_devices logical CPUs), `multi_worker` (the cluster in "
+      "TF_CONFIG), `tpu` (untested).", choices=STRATEGIES)
+  cpu_devices: int = _field(0, "Split the CPU into N logical devices, so that "
+                            "--strategy=mirrored runs N replicas on a CPU-only "
+                            "machine; 0 = leave the CPU as one device.", lower_bound=0)
+  sync_batchnorm: bool = _field(
+      True, "With more than one replica, BatchNorm statistics over the global batch "
+      "(Keras synchronized=True), so results match one device; --nosync_batchnorm "
+      "uses per-replica statistics (one all-reduce fewer per BatchNorm layer).")
   jit_compile: bool = _field(False, "Compile the train/eval step with XLA in both "
                              "loops.")
   logdir: str = _field("logs", "Root folder of run folders (TensorBoard --logdir).")

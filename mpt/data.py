@@ -52,10 +52,9 @@ class Data:
   def train_from(self, step: int) -> tf.data.Dataset:
     """The training stream from global step `step` on, as a fresh pipeline.
 
-    Fresh, because a shuffle that reshuffles each epoch keeps its seed state in the
-    dataset object: a second iterator over the same object would see another order.
-    A new pipeline from the same seed is the same stream, so skipping `step` batches
-    puts a resumed run exactly where the checkpointed one was.
+    The stream is a pure function of the seed (repeat, then a seeded shuffle that
+    does not reshuffle), so skipping `step` batches puts a resumed run exactly where
+    the checkpointed one was.
     """
     return self.make_train().skip(step)
 
@@ -171,6 +170,18 @@ def _resize_cache_count(source, cfg: Config, split: str):
   return ds, len(seen), skipped
 
 
+def _shard_by_data(ds: tf.data.Dataset) -> tf.data.Dataset:
+  """Multi-worker runs split each global batch across workers by element.
+
+  The sources are file names read inside a map, not file readers, so AUTO sharding
+  would try files, fail and fall back to this with a warning.
+  """
+  options = tf.data.Options()
+  options.experimental_distribute.auto_shard_policy = (
+      tf.data.experimental.AutoShardPolicy.DATA)
+  return ds.with_options(options)
+
+
 def load(cfg: Config) -> Data:
   """Builds the train and validation pipelines for `cfg.dataset`."""
   spec = cfg.dataset
@@ -193,10 +204,14 @@ def load(cfg: Config) -> Data:
   val, n_val, skipped_val = _resize_cache_count(val_src, cfg, "val")
   buffer = cfg.shuffle_buffer or n_train
   cached = train
-  make_train = lambda: (
-      cached.shuffle(buffer, seed=cfg.seed, reshuffle_each_iteration=True)
-      .repeat().batch(cfg.batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE))
-  val = val.batch(cfg.batch_size).prefetch(tf.data.AUTOTUNE)
+  # Repeat, then shuffle with a fixed seed: one endless stream that every iterator
+  # of the dataset sees the same (Keras reads a batch from a first iterator to build
+  # the model under a strategy; a reshuffling shuffle would give the next another
+  # order). With the whole set in the buffer, the epoch boundaries blur a little.
+  make_train = lambda: _shard_by_data(
+      cached.repeat().shuffle(buffer, seed=cfg.seed, reshuffle_each_iteration=False)
+      .batch(cfg.batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE))
+  val = _shard_by_data(val.batch(cfg.batch_size).prefetch(tf.data.AUTOTUNE))
   steps = math.ceil(n_train / cfg.batch_size)
   if cfg.steps_per_epoch:
     steps = min(steps, cfg.steps_per_epoch)

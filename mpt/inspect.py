@@ -94,10 +94,22 @@ def inspect_model(model: keras.Model, batch_size: int = 2, seed: int = 0) -> dic
 
   # training=False: a training-mode pass would move BatchNorm's statistics before the
   # run starts; the gradients' dtypes are the same either way.
-  with tf.GradientTape() as tape:
-    loss = tf.reduce_mean(tf.cast(model(x, training=False), tf.float32))
-  grads = tape.gradient(loss, model.trainable_variables)
-  grad_dtypes = sorted({g.dtype.name for g in grads if g is not None})
+  found: set[str] = set()
+
+  def gradient_dtypes():
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_mean(tf.cast(model(x, training=False), tf.float32))
+    grads = tape.gradient(loss, model.trainable_variables)
+    found.update(g.dtype.name for g in grads if g is not None)
+
+  # In a replica context: under a strategy, gradients with respect to mirrored
+  # variables exist only there (one device: a plain call).
+  if tf.distribute.has_strategy():
+    strategy = tf.distribute.get_strategy()
+    tf.function(lambda: strategy.run(gradient_dtypes))()  # Eager run: slow, warns.
+  else:
+    gradient_dtypes()
+  grad_dtypes = sorted(found)
   var_dtypes = sorted({v.dtype for v in model.trainable_variables})
 
   total = sum(r["flops"] for r in rows) or 1
@@ -182,7 +194,8 @@ def run(cfg: config.Config) -> dict[str, Any]:
   keras.utils.set_random_seed(cfg.seed)
   print(precision.describe(precision.set_policy(cfg.policy)))
   size = cfg.image_size
-  model = models.build(cfg.model, (size, size, 3), 10, bn_momentum=cfg.bn_momentum)
+  model = models.build(cfg.model, (size, size, 3), 10,
+                       run_options={"bn_momentum": cfg.bn_momentum})
   report = inspect_model(model, seed=cfg.seed)
   print(format_table(report))
   run_dir = rundir.create(cfg)

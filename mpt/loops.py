@@ -7,6 +7,10 @@ validation, epoch end), so the same callbacks time, log and draw the progress ba
 both, and a batch's logs are materialised (`pythonify_logs`) before any callback sees
 them: the step's result exists when its time is taken.
 
+Both run under the strategy whose scope mpt/train.py entered (mpt/distribute.py):
+`fit` distributes the dataset itself; `custom` distributes it with
+`strategy.experimental_distribute_dataset` and runs its steps through `strategy.run`.
+
 `fetch(iterator)` takes the next batch (a timed `next`, see mpt/instrument.py). The
 custom loop always calls it; under `fit` mpt installs a train function that calls it
 and hands the batch to Keras' own compiled step, so the data wait is timed the same
@@ -16,6 +20,7 @@ way in both loops. Without `fetch` (`--noinstrument`) fit runs untouched.
 from typing import Any, Callable
 
 import keras
+import tensorflow as tf
 
 from mpt import steps as steps_lib
 from mpt.config import Config
@@ -47,6 +52,24 @@ def run_fit(model: keras.Model, optimizer: keras.optimizers.Optimizer, data: Dat
   model.compile(optimizer=optimizer, loss=loss or steps_lib.make_loss(),
                 metrics=steps_lib.make_metrics(), jit_compile=cfg.jit_compile,
                 auto_scale_loss=False)
+  if tf.distribute.has_strategy():
+    # Under a strategy, Keras builds the model's metrics and optimizer from one batch
+    # it reads off the distributed dataset and averages over replicas; under
+    # MultiWorkerMirroredStrategy that average fails (Keras 3.15 reduces the
+    # (images, labels) tuple with a collective that takes single tensors). Build from
+    # a plain validation batch instead: only its shapes matter.
+    build, sample = model._maybe_symbolic_build, next(iter(data.val))
+    model._maybe_symbolic_build = lambda iterator=None, data_batch=None: build(
+        data_batch=sample if data_batch is None else data_batch)
+  strategy = tf.distribute.get_strategy()
+  if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and \
+      strategy.extended._in_multi_worker_mode():
+    # Keras 3 averages the step's metric results across workers with
+    # strategy.reduce("MEAN", value, axis=0), which fails for scalars ("Invalid
+    # reduction dimension 0", tensorflow/tensorflow#72388). Give it shape [1].
+    compute_metrics = model.compute_metrics
+    model.compute_metrics = lambda *args, **kwargs: {
+        k: tf.reshape(v, [1]) for k, v in compute_metrics(*args, **kwargs).items()}
   if fetch is not None:
     model.make_train_function()
     keras_step = model.train_function
@@ -66,10 +89,10 @@ def run_fit(model: keras.Model, optimizer: keras.optimizers.Optimizer, data: Dat
     fit(epoch * spe, epoch, cfg.epochs, spe)
 
 
-def evaluate(steps: steps_lib.Steps, data: Data) -> Logs:
+def evaluate(steps: steps_lib.Steps, val) -> Logs:
   steps.reset()
   logs = {}
-  for images, labels in data.val:
+  for images, labels in val:
     logs = steps.eval_step(images, labels)
   return {k: float(v) for k, v in logs.items()}
 
@@ -79,11 +102,16 @@ def run_custom(model: keras.Model, optimizer: keras.optimizers.Optimizer, data: 
                fetch: Fetch | None = None, loss: keras.losses.Loss | None = None,
                start_step: int = 0) -> None:
   fetch = fetch or next
-  steps = steps_lib.Steps(model, optimizer, loss=loss, jit_compile=cfg.jit_compile)
+  # The strategy whose scope the model was built in (mpt/train.py enters it); each
+  # global batch is split across its replicas (one device: the batch as it is).
+  strategy = tf.distribute.get_strategy()
+  steps = steps_lib.Steps(model, optimizer, loss=loss, jit_compile=cfg.jit_compile,
+                          strategy=strategy, global_batch=cfg.batch_size)
+  val = strategy.experimental_distribute_dataset(data.val)
   callbacks = keras.callbacks.CallbackList(
       callbacks, add_history=True, add_progbar=cfg.verbose != 0, verbose=cfg.verbose,
       epochs=cfg.epochs, steps=data.steps_per_epoch, model=model)
-  iterator = iter(data.train_from(start_step))
+  iterator = iter(strategy.experimental_distribute_dataset(data.train_from(start_step)))
   epoch_logs: Logs = {}
   callbacks.on_train_begin()
   for epoch, n, _ in _segments(start_step, data.steps_per_epoch, cfg.epochs):
@@ -96,7 +124,7 @@ def run_custom(model: keras.Model, optimizer: keras.optimizers.Optimizer, data: 
       logs = steps.train_step(images, labels)
       callbacks.on_train_batch_end(step, logs)
     epoch_logs = {k: float(v) for k, v in logs.items()}
-    epoch_logs.update({f"val_{k}": v for k, v in evaluate(steps, data).items()})
+    epoch_logs.update({f"val_{k}": v for k, v in evaluate(steps, val).items()})
     callbacks.on_epoch_end(epoch, epoch_logs)
   callbacks.on_train_end(epoch_logs)
 

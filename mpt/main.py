@@ -9,6 +9,7 @@ ends in one `mpt: error: ...` line and exit status 2; Ctrl-C in exit status 130 
 run's summary.json written (status `interrupted`), a diverged run in exit status 3.
 """
 
+import logging as std_logging
 import sys
 
 from absl import app
@@ -45,6 +46,9 @@ _define_flags()
 
 
 def main(argv: list[str]) -> int:
+  # TensorFlow's own INFO lines (each all-reduce traced, each checkpoint's sharding
+  # callback) drown mpt's; its warnings and errors still show.
+  std_logging.getLogger("tensorflow").setLevel(std_logging.WARNING)
   if len(argv) > 1:
     print(f"mpt: error: unexpected arguments {argv[1:]}; flags look like "
           "--name=value", file=sys.stderr)

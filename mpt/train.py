@@ -1,10 +1,11 @@
 """One training run, start to finish: `train_and_evaluate(cfg)` -> summary dict.
 
-Checks the config, sets the precision policy, loads the data, builds the model and the
-optimizer (restored from the latest checkpoint with `--resume`), inspects the model's
-dtypes, runs the chosen loop with the shared callbacks and a utilisation sampler, and
-writes the run folder: event files, `flags.txt` (a flagfile that replays the run),
-`dtypes.json`, `checkpoints/` and `summary.json`.
+Checks the config, creates the tf.distribute strategy (mpt/distribute.py), sets the
+precision policy, loads the data, builds the model and the optimizer under the
+strategy's scope (restored from the latest checkpoint with `--resume`), inspects the
+model's dtypes, runs the chosen loop with the shared callbacks and a utilisation
+sampler, and writes the run folder: event files, `flags.txt` (a flagfile that replays the run),
+`dtypes.json`, `checkpoints/` and `summary.json` (the chief alone, under multi_worker).
 
 However the loop ends, events are flushed and summary.json is written, with status
 `completed`; `interrupted` (Ctrl-C or SIGTERM: a checkpoint is saved first, exit 130);
@@ -15,6 +16,8 @@ as it was, exit 3); or `failed` (a bug: the traceback follows).
 import dataclasses
 import pathlib
 import platform
+import shutil
+import tempfile
 import time
 from typing import Any
 
@@ -25,6 +28,7 @@ import tensorflow as tf
 from mpt import checkpoint
 from mpt import config
 from mpt import data as data_lib
+from mpt import distribute
 from mpt import faults
 from mpt import hardware
 from mpt import inspect
@@ -43,7 +47,7 @@ def _summary(cfg: config.Config, run_dir: pathlib.Path, policy, data: data_lib.D
              optimizer, timer: instrument.StepTimer, status: str, wall_s: float,
              slow_warning: str | None, report: dict[str, Any] | None,
              sampler: sampler_lib.Sampler | None,
-             ckpt: checkpoint.Checkpointer) -> dict[str, Any]:
+             ckpt: checkpoint.Checkpointer, dist: distribute.Setup) -> dict[str, Any]:
   logs, stats = timer.epoch_logs, timer.stats()
   ms = stats["median"]
   flops = inspect.train_step_flops(report, cfg.batch_size) if report else None
@@ -85,6 +89,7 @@ def _summary(cfg: config.Config, run_dir: pathlib.Path, policy, data: data_lib.D
       "tf_version": tf.__version__, "keras_version": keras.__version__,
       "python_version": platform.python_version(),
       "device": hardware.device_name(), "wall_s": round(wall_s, 3),
+      **dist.summary(cfg.batch_size),
   }
 
 
@@ -100,8 +105,12 @@ def resume_config(cfg: config.Config) -> config.Config:
 def _prepare(cfg: config.Config):
   """Everything before the first step; UserError before any work where possible."""
   config.validate(cfg)
+  # First: devices and collectives can only be set up before TF's runtime starts.
+  dist = distribute.setup(cfg)
+  distribute.check_batch(cfg, dist)
   models.get(cfg.model)
-  rundir.check_root(cfg)
+  if dist.is_chief:
+    rundir.check_root(cfg)
   profiler.parse_window(cfg.profile_steps, cfg.warmup_steps, 10**12)  # Syntax, early.
   fault_window = config.parse_steps(cfg.fault_steps, "fault_steps")
   keras.backend.clear_session()  # Fresh graph state when runs share a process (tests).
@@ -110,6 +119,7 @@ def _prepare(cfg: config.Config):
     tf.config.experimental.enable_op_determinism()
   policy = precision.set_policy(cfg.policy)
   print(precision.describe(policy), flush=True)
+  print(f"mpt: {dist.describe()}", flush=True)
   slow_warning = precision.warn_if_slow(cfg.policy)
   data = data_lib.load(cfg)
   logging.info("data: %s, %d train / %d val images, %d classes, %d skipped files",
@@ -117,7 +127,7 @@ def _prepare(cfg: config.Config):
                len(data.skipped_files))
   window = profiler.parse_window(cfg.profile_steps, cfg.warmup_steps,
                                  cfg.epochs * data.steps_per_epoch)
-  return policy, slow_warning, data, window, fault_window
+  return policy, slow_warning, data, window, fault_window, dist
 
 
 def train_and_evaluate(cfg: config.Config) -> dict[str, Any]:
@@ -125,34 +135,51 @@ def train_and_evaluate(cfg: config.Config) -> dict[str, Any]:
   start = time.perf_counter()
   if cfg.resume:
     cfg = resume_config(cfg)
-  policy, slow_warning, data, window, fault_window = _prepare(cfg)
+  policy, slow_warning, data, window, fault_window, dist = _prepare(cfg)
   if cfg.resume:
     run_dir = pathlib.Path(cfg.resume).expanduser()
-  else:
+  elif dist.is_chief:
     run_dir = rundir.create(cfg)
     (run_dir / "flags.txt").write_text(config.to_flagfile(cfg))
+  # Only the chief writes the run folder; another worker writes into a scratch folder
+  # deleted at its end (it must still take part in every checkpoint save).
+  out_dir = run_dir if dist.is_chief else pathlib.Path(
+      tempfile.mkdtemp(prefix=f"mpt-{dist.task.replace(':', '')}-"))
+  if not dist.is_chief:
+    run_dir = run_dir if cfg.resume else out_dir
+    cfg = dataclasses.replace(cfg, verbose=0, profile_steps="")
+    window = None
+    print(f"mpt: {dist.task} is not the chief: the chief writes the run folder",
+          flush=True)
   size = cfg.image_size
-  model = models.build(cfg.model, (size, size, 3), len(data.class_names),
-                       bn_momentum=cfg.bn_momentum)
-  optimizer = precision.make_optimizer(cfg.policy, cfg.learning_rate, cfg.loss_scale)
-  optimizer.build(model.trainable_variables)  # Its slots must exist to be restored.
-  ckpt = checkpoint.Checkpointer(run_dir, model, optimizer, cfg.keep_checkpoints)
+  with dist.strategy.scope():  # Variables become mirrored (or stay local: default).
+    model = models.build(cfg.model, (size, size, 3), len(data.class_names),
+                         run_options={"bn_momentum": cfg.bn_momentum,
+                                      "bn_synchronized": cfg.sync_batchnorm and
+                                      dist.replicas > 1})
+    optimizer = precision.make_optimizer(cfg.policy, cfg.learning_rate, cfg.loss_scale)
+    optimizer.build(model.trainable_variables)  # Its slots must exist to be restored.
+  ckpt = checkpoint.Checkpointer(run_dir, model, optimizer, cfg.keep_checkpoints,
+                                 write_dir=out_dir)
   start_step, prior = 0, {}
   if cfg.resume:
     start_step, _, prior = ckpt.restore()
-    checkpoint.prune_events(run_dir, start_step)
+    if dist.is_chief:
+      checkpoint.prune_events(run_dir, start_step)
     print(f"mpt: resuming {run_dir} at step {start_step}", flush=True)
   prior_wall = prior.get("wall_s", 0.0)
 
   report = None
   if cfg.instrument:
-    report = inspect.inspect_model(model, seed=cfg.seed)
-    rundir.write_json(run_dir / "dtypes.json", report)
+    with dist.strategy.scope():
+      report = inspect.inspect_model(model, seed=cfg.seed)
+    rundir.write_json(out_dir / "dtypes.json", report)
     logging.info("per-layer dtypes:\n%s", inspect.format_table(report))
   timer = instrument.StepTimer(cfg.warmup_steps, prior.get("timer"))
-  sampler = sampler_lib.Sampler(cfg.sample_every) if cfg.instrument else None
+  sampler = sampler_lib.Sampler(cfg.sample_every) \
+      if cfg.instrument and dist.is_chief else None
   writer = instrument.ScalarWriter(
-      str(run_dir), timer, cfg.batch_size, every=cfg.log_every,
+      str(out_dir), timer, cfg.batch_size, every=cfg.log_every,
       detailed=cfg.instrument, sampler=sampler,
       flops_per_step=inspect.train_step_flops(report, cfg.batch_size) if report else None,
       precision_state=lambda: {
@@ -160,6 +187,7 @@ def train_and_evaluate(cfg: config.Config) -> dict[str, Any]:
           "skipped_steps": precision.skipped_steps(optimizer, timer.steps)},
       texts={"run/flags": "```\n" + config.to_flagfile(cfg) + "```",
              "precision/policy": precision.describe(policy),
+             "run/strategy": dist.describe(),
              **({"inspect/dtypes": inspect.format_table(report, markdown=True)}
                 if report else {})},
       hparams=_hparams(cfg) if cfg.instrument and not cfg.resume else None)
@@ -190,10 +218,11 @@ def train_and_evaluate(cfg: config.Config) -> dict[str, Any]:
     stop.install()
     if sampler:
       sampler.start()
-    loops.LOOPS[cfg.loop](model, optimizer, data, cfg, callbacks,
-                          fetch=timer.fetch if cfg.instrument else None,
-                          loss=steps_lib.make_loss(factor),  # with the fault factor
-                          start_step=start_step)
+    with dist.strategy.scope():
+      loops.LOOPS[cfg.loop](model, optimizer, data, cfg, callbacks,
+                            fetch=timer.fetch if cfg.instrument else None,
+                            loss=steps_lib.make_loss(factor),  # with the fault factor
+                            start_step=start_step)
     ckpt_cb.save()
     status = "completed"
   except (KeyboardInterrupt, faults.Interrupted):
@@ -212,16 +241,20 @@ def train_and_evaluate(cfg: config.Config) -> dict[str, Any]:
       sampler.stop()
     summary = _summary(cfg, run_dir, policy, data, optimizer, timer, status,
                        prior_wall + time.perf_counter() - start, slow_warning, report,
-                       sampler, ckpt)
+                       sampler, ckpt, dist)
     if message:
       summary["message"] = message
     writer.write_final(summary)
     writer.close()
-    rundir.write_json(run_dir / "summary.json", summary)
+    rundir.write_json(out_dir / "summary.json", summary)
+    if not dist.is_chief:
+      shutil.rmtree(out_dir, ignore_errors=True)
+      summary["run_dir"] = None
 
   if message:
     print(message, flush=True)
-  parts = [f"mpt: {status}: {run_dir}", f"{summary['steps']} steps"]
+  where = run_dir if dist.is_chief else f"{dist.task} (the chief wrote the outputs)"
+  parts = [f"mpt: {status}: {where}", f"{summary['steps']} steps"]
   if summary["ms_per_step"]:
     parts.append(f"{summary['ms_per_step']:.1f} ms/step")
   if summary["val_accuracy"] is not None:
@@ -233,7 +266,7 @@ def train_and_evaluate(cfg: config.Config) -> dict[str, Any]:
 
 def _hparams(cfg: config.Config) -> dict[str, Any]:
   return {k: getattr(cfg, k) for k in ("policy", "loop", "model", "batch_size",
-                                       "image_size", "jit_compile", "dataset")}
+                                       "image_size", "jit_compile", "dataset", "strategy")}
 
 
 MODES = {"train": train_and_evaluate, "inspect": inspect.run}

@@ -10,8 +10,17 @@ import sys
 import time
 
 import pytest
+import tensorflow as tf
 
 from mpt import config
+
+# The CPU is split into two logical devices for the whole session, before any op runs
+# (the only time it can be): the mirrored-strategy tests run in process with
+# cpu_devices=CPU_DEVICES. Ops of every other test still run on the first device.
+CPU_DEVICES = 2
+tf.config.set_logical_device_configuration(
+    tf.config.list_physical_devices("CPU")[0],
+    [tf.config.LogicalDeviceConfiguration() for _ in range(CPU_DEVICES)])
 
 
 @pytest.fixture(scope="session")
@@ -38,7 +47,6 @@ def read_events(run_dir) -> dict[str, list[tuple[int, object]]]:
 
   Scalars come back as floats, text summaries as str.
   """
-  import tensorflow as tf
   from tensorboard.backend.event_processing import event_accumulator
   acc = event_accumulator.EventAccumulator(
       str(run_dir), size_guidance={event_accumulator.TENSORS: 0})
