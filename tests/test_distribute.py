@@ -74,6 +74,16 @@ def test_bad_strategy_input_fails_before_training(tiny, monkeypatch, tmp_path,
   assert not (tmp_path / "logs").exists() or not any((tmp_path / "logs").iterdir())
 
 
+def test_malformed_tf_config_on_the_command_line_is_one_line_exit_2(tmp_path):
+  proc = subprocess.run(
+      [sys.executable, "-m", "mpt.main", "--strategy=multi_worker",
+       f"--logdir={tmp_path}/logs"], cwd=ROOT, capture_output=True, text=True,
+      timeout=120, env={**os.environ, "TF_CONFIG": '{"cluster": {"worker": ["h"]}}'})
+  assert proc.returncode == 2, proc.stderr
+  assert "mpt: error: TF_CONFIG cluster job 'worker' has a bad address 'h'" in proc.stderr
+  assert "Traceback" not in proc.stderr and not (tmp_path / "logs").exists()
+
+
 def per_step_losses(run_dir) -> list[float]:
   """With steps_per_epoch=1, each epoch's train/loss is one step's loss."""
   return [v for _, v in read_scalars(run_dir)["train/loss"]]
