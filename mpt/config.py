@@ -14,7 +14,7 @@ from mpt.errors import UserError
 
 POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
 LOOPS = ("fit", "custom")
-MODES = ("train", "inspect")
+MODES = ("train", "inspect", "microbench")
 STRATEGIES = ("default", "mirrored", "multi_worker", "tpu")
 
 
@@ -27,8 +27,9 @@ def _field(default: Any, help: str, choices: tuple[str, ...] | None = None,
 @dataclasses.dataclass
 class Config:
   """One training run. Field names are the command-line flag names."""
-  mode: str = _field("train", "`train` a model, or `inspect` its per-layer dtypes and "
-                     "FLOPs without training.", choices=MODES)
+  mode: str = _field("train", "`train` a model, `inspect` its per-layer dtypes and "
+                     "FLOPs without training, or `microbench` the CPU and TensorFlow.",
+                     choices=MODES)
   policy: str = _field("float32", "Keras dtype policy, set globally before the model "
                        "is built.", choices=POLICIES)
   loop: str = _field("fit", "Who drives the train step: Keras `fit`, or mpt's own "
@@ -109,6 +110,15 @@ class Config:
                                "by this (1e30 overflows float16, nan diverges) during "
                                "--fault_steps.")
   fault_steps: str = _field("", "A,B: global steps the --fault_factor applies to.")
+  microbench_sizes: str = _field("256,512,1024,2048", "--mode=microbench: square "
+                                 "matmul sizes, comma-separated.")
+  microbench_dtypes: str = _field("float32,bfloat16,float16", "--mode=microbench: "
+                                  "matmul/conv dtypes, comma-separated.")
+  quick: bool = _field(False, "--mode=microbench: tiny sizes and few samples "
+                       "(seconds; for tests).")
+  compare_python: str = _field("", "--mode=microbench: also measure under this "
+                               "Python interpreter (e.g. a venv with a source-built "
+                               "TensorFlow) and print both columns and their ratio.")
   verbose: int = _field(1, "Keras progress bar: 0 silent, 1 bar, 2 one line per "
                         "epoch.", lower_bound=0)
 

@@ -6,38 +6,19 @@ functions return empty lists, and code paths that need NVML degrade to "absent".
 """
 
 import os
-import pathlib
-import platform
 
 import tensorflow as tf
 
-
-def _cpuinfo() -> str:
-  try:
-    return pathlib.Path("/proc/cpuinfo").read_text()
-  except OSError:
-    return ""
-
-
-def _cpuinfo_field(name: str) -> str | None:
-  for line in _cpuinfo().splitlines():
-    if line.startswith(name):
-      return line.split(":", 1)[1].strip()
-  return None
+from mpt.microbench import isa
 
 
 def cpu_flags() -> set[str]:
-  """The CPU feature flags the kernel reports (empty where /proc/cpuinfo is absent)."""
-  return set((_cpuinfo_field("flags") or "").split())
+  """The CPU feature flags (Linux names; numpy's detection where /proc/cpuinfo is not)."""
+  return isa.detect().flags
 
 
 def cpu_name() -> str:
-  return _cpuinfo_field("model name") or platform.processor() or platform.machine()
-
-
-def cpu_mhz() -> float | None:
-  value = _cpuinfo_field("cpu MHz")
-  return float(value) if value else None
+  return isa.detect().name
 
 
 def gpu_compute_capabilities() -> list[tuple[int, int]]:
@@ -48,6 +29,12 @@ def gpu_compute_capabilities() -> list[tuple[int, int]]:
     if cc:
       caps.append(tuple(cc))
   return caps
+
+
+def gpu_names() -> list[str]:
+  """The name of each visible GPU; empty on a CPU-only machine."""
+  return [tf.config.experimental.get_device_details(gpu).get("device_name", gpu.name)
+          for gpu in tf.config.list_physical_devices("GPU")]
 
 
 def device_name() -> str:
@@ -73,27 +60,6 @@ GPU_PEAK_TFLOPS = {
 }
 
 
-def cpu_flops_per_cycle(flags: set[str], dtype: str) -> int:
-  """FLOPs per cycle per core, assuming two FMA pipes of the widest vector unit.
-
-  float32: 16 lanes with AVX-512, 8 with AVX2+FMA, 4 with SSE (no FMA: half). bfloat16
-  with AVX512_BF16 (VDPBF16PS: a pair of products per float32 lane) doubles the
-  float32 rate; without it, and for float16 without AVX512_FP16, 16-bit math runs at
-  best at the float32 rate (it is converted).
-  """
-  if "avx512f" in flags:
-    fp32 = 2 * 16 * 2
-  elif {"avx2", "fma"} <= flags:
-    fp32 = 2 * 8 * 2
-  else:
-    fp32 = 4 * 2
-  if dtype == "bfloat16" and "avx512_bf16" in flags:
-    return 2 * fp32
-  if dtype == "float16" and "avx512_fp16" in flags:
-    return 2 * fp32
-  return fp32
-
-
 def peak_gflops(dtype: str) -> tuple[float | None, str]:
   """(peak GFLOP/s for `dtype` on this machine's training device, where it came from)."""
   gpus = tf.config.list_physical_devices("GPU")
@@ -103,9 +69,6 @@ def peak_gflops(dtype: str) -> tuple[float | None, str]:
       if fragment in name and dtype in table:
         return table[dtype] * 1e3 * len(gpus), f"data sheet: {fragment} {dtype}"
     return None, f"no data-sheet figure for {name!r}"
-  mhz, cores = cpu_mhz(), os.cpu_count() or 1
-  if not mhz:
-    return None, "CPU clock unknown"
-  per_cycle = cpu_flops_per_cycle(cpu_flags(), dtype)
-  return (cores * mhz * 1e-3 * per_cycle,
-          f"estimate: {cores} cores x {mhz:.0f} MHz x {per_cycle} FLOP/cycle ({dtype})")
+  # The CPU's theoretical peak, with its assumptions (mpt/microbench/isa.py).
+  peak = isa.peak_gflops(isa.detect(), dtype)
+  return peak["gflops"], f"estimate: {peak['assumptions']}"

@@ -18,6 +18,8 @@ from mpt.errors import UserError
 
 def default_name(cfg: Config) -> str:
   stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+  if cfg.mode == "microbench":  # Measures the machine, not a model or a policy.
+    return f"{stamp}_microbench"
   what = cfg.loop if cfg.mode == "train" else cfg.mode
   return f"{stamp}_{cfg.model}_{cfg.policy}_{what}"
 

@@ -34,6 +34,8 @@ from mpt import hardware
 from mpt import inspect
 from mpt import instrument
 from mpt import loops
+from mpt import microbench
+from mpt.microbench import report as microbench_report
 from mpt import models
 from mpt import precision
 from mpt import profiler
@@ -53,6 +55,7 @@ def _summary(cfg: config.Config, run_dir: pathlib.Path, policy, data: data_lib.D
   flops = inspect.train_step_flops(report, cfg.batch_size) if report else None
   achieved = flops / ms * 1e3 / 1e9 if flops and ms else None
   peak, peak_source = hardware.peak_gflops(policy.compute_dtype)
+  measured, _ = microbench_report.cached_gflops(policy.compute_dtype)
   return {
       "status": status, "run_dir": str(run_dir),
       "policy": cfg.policy, "loop": cfg.loop, "model": cfg.model,
@@ -73,6 +76,9 @@ def _summary(cfg: config.Config, run_dir: pathlib.Path, policy, data: data_lib.D
       "flops_per_step": flops, "achieved_gflops": achieved,
       "peak_gflops": peak, "peak_source": peak_source,
       "mfu": achieved / peak if achieved and peak else None,
+      # The best matmul rate `--mode=microbench` measured here for the compute dtype.
+      "microbench_gflops": measured,
+      "achieved_vs_microbench": achieved / measured if achieved and measured else None,
       "flops_share_16bit": report["flops_share_16bit"] if report else None,
       "util": sampler.stats() if sampler else None,
       "gpu_util_absent": sampler.gpu_absent if sampler else None,
@@ -269,4 +275,5 @@ def _hparams(cfg: config.Config) -> dict[str, Any]:
                                        "image_size", "jit_compile", "dataset", "strategy")}
 
 
-MODES = {"train": train_and_evaluate, "inspect": inspect.run}
+MODES = {"train": train_and_evaluate, "inspect": inspect.run,
+         "microbench": microbench.run}

@@ -1,0 +1,153 @@
+"""The microbenchmark's outputs: the printed report (with a second interpreter's column
+and the ratio under `--compare_python`), TensorBoard scalars and text, and the
+per-machine cache that training runs read their measured GFLOP/s from.
+"""
+
+import json
+import os
+import pathlib
+import re
+import subprocess
+from typing import Any
+
+from mpt.errors import UserError
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def cache_path(cpu_name: str, logical_cpus: int, tf_version: str) -> pathlib.Path:
+  """~/.cache/mpt/microbench/<cpu>-<n>cpu-tf<version>.json (or under $MPT_CACHE)."""
+  root = pathlib.Path(os.environ.get("MPT_CACHE", "~/.cache/mpt")).expanduser()
+  key = re.sub(r"[^A-Za-z0-9]+", "_", cpu_name).strip("_")
+  return root / "microbench" / f"{key}-{logical_cpus}cpu-tf{tf_version}.json"
+
+
+def save_cache(results: dict[str, Any]) -> pathlib.Path:
+  from mpt import rundir
+  path = cache_path(results["cpu"]["name"], results["cpu"]["logical_cpus"],
+                    results["tensorflow"].get("tf_version", "?"))
+  path.parent.mkdir(parents=True, exist_ok=True)
+  rundir.write_json(path, results)
+  return path
+
+
+def measured_gflops(results: dict[str, Any], dtype: str) -> float | None:
+  """The best TensorFlow matmul GFLOP/s measured for `dtype`."""
+  rates = [r["gflops"] for r in results.get("throughput", [])
+           if r["op"] == "matmul" and r["lib"] == "tensorflow" and r["dtype"] == dtype
+           and r.get("gflops")]
+  return max(rates) if rates else None
+
+
+def cached_gflops(dtype: str) -> tuple[float | None, str | None]:
+  """This machine's cached best matmul GFLOP/s for `dtype`, and the cache file."""
+  import tensorflow as tf
+  from mpt.microbench import isa
+  cpu = isa.detect()
+  path = cache_path(cpu.name, cpu.logical_cpus, tf.__version__)
+  try:
+    return measured_gflops(json.loads(path.read_text()), dtype), str(path)
+  except (OSError, ValueError):
+    return None, None
+
+
+def run_other(python: str, sizes, dtypes, quick: bool) -> dict[str, Any]:
+  """The same measurement under interpreter `python` (mpt from this checkout)."""
+  args = json.dumps({"sizes": sizes, "dtypes": dtypes, "quick": quick})
+  env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+      [str(ROOT)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))}
+  proc = subprocess.run([python, "-m", "mpt.microbench", args], capture_output=True,
+                        text=True, env=env, cwd=ROOT)
+  line = next((l for l in proc.stdout.splitlines() if l.startswith("MPT-RESULT ")), None)
+  if proc.returncode or line is None:
+    last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+    raise UserError(f"the microbenchmark failed under --compare_python={python}: {last}")
+  return json.loads(line[len("MPT-RESULT "):])
+
+
+def _fmt(value, spec=".1f") -> str:
+  return "-" if value is None else format(value, spec)
+
+
+def _key(row) -> tuple:
+  return (row["op"], row["lib"], row["dtype"], str(row["size"]))
+
+
+def format_report(r: dict[str, Any], other: dict[str, Any] | None = None,
+                  markdown: bool = False) -> str:
+  """The whole report as text (or Markdown for TensorBoard)."""
+  bar = "" if markdown else "\n"
+  lines = [f"CPU: {r['cpu']['name']} ({r['cpu']['logical_cpus']} logical CPUs, "
+           f"{r['cpu']['physical_cores'] or '?'} cores, "
+           f"{_fmt(r['cpu']['mhz'], '.0f')} MHz; from {r['cpu']['source']})",
+           "ISA: " + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in r["isa"].items()
+                               if not k.startswith(("asimd", "sve", "bf16")) or v)]
+  for gpu in r["gpus"]:
+    lines.append(f"GPU: {gpu['name']}, compute capability {gpu['compute_capability']}, "
+                 f"Tensor Cores {'yes' if gpu['tensor_cores'] else 'no'}")
+  t = r["tensorflow"]
+  build = t.get("build", {})
+  lines += [f"TensorFlow {t.get('tf_version')}: CUDA build {build.get('is_cuda_build')}, "
+            f"oneDNN {'on' if t['onednn'] else 'off'} (ISA: {t['onednn_isa']}); "
+            f"not compiled to use in other operations: "
+            f"{' '.join(t['not_compiled_for']) or 'none reported'}"]
+  for op, prims in t["onednn_dispatch"].items():
+    lines.append(f"  oneDNN for {op}: {'; '.join(prims) or 'not oneDNN (Eigen kernel)'}")
+  lines.append(bar + "Peak (theoretical):")
+  for d, p in r["peak"].items():
+    lines.append(f"  {d}: {_fmt(p['gflops'])} GFLOP/s = {p['assumptions']}")
+  ex = r["fma_example"]
+  lines.append(bar + "FMA vs multiply-then-add, against exact arithmetic:")
+  for f in r["fma"]:
+    lines.append(f"  {f['dtype']}: {f['differ_share']:.1%} of {f['triples']} triples "
+                 f"differ; fused max {f['fused_max_ulps']:.2f} / mean "
+                 f"{f['fused_mean_ulps']:.3f} ulp, unfused max {f['unfused_max_ulps']:.3g}"
+                 f" / mean {f['unfused_mean_ulps']:.3g} ulp")
+  lines.append(f"  example: a={ex['a']}, b={ex['b']}, c={ex['c']}: exact {ex['exact']}, "
+               f"fused {ex['fused']!r}, unfused {ex['unfused']!r} ({ex['why']})")
+  lines.append("16-bit dot products, 16-bit vs 32-bit accumulation (ulps of the result):")
+  for d in r["dot"]:
+    lines.append(f"  {d['dtype']} length {d['length']}: acc16 mean "
+                 f"{d['acc16_mean_ulps']:.2f} max {d['acc16_max_ulps']:.1f}; acc32 mean "
+                 f"{d['acc32_mean_ulps']:.2f} max {d['acc32_max_ulps']:.1f}")
+  lines.append(bar + "Elementwise (SIMD width), G elements/s | GB/s:")
+  for row in r["simd"]:
+    lines.append(f"  {row['op']:<16} {row['lib']:<10} {row['dtype']:<8} "
+                 f"{row['elements_per_s'] / 1e9:7.2f} | {row['bytes_per_s'] / 1e9:6.1f}")
+  lines.append(bar + "Throughput, GFLOP/s (% of the dtype's theoretical peak)" +
+               (f"; second column: {other['tensorflow'].get('tf_version')} under "
+                "--compare_python" if other else ""))
+  theirs = {_key(row): row for row in (other or {}).get("throughput", [])}
+  for row in r["throughput"]:
+    cell = (f"  {row['op']:<7} {row['lib']:<10} {row['dtype']:<8} {str(row['size']):<24} "
+            f"{_fmt(row.get('gflops')):>8} ({_fmt(row['peak_share'] and 100 * row['peak_share'], '.0f')}%)")
+    if row.get("skipped"):
+      cell += f"  skipped: {row['skipped']}"
+    if other:
+      o = theirs.get(_key(row), {}).get("gflops")
+      ratio = o / row["gflops"] if o and row.get("gflops") else None
+      cell += f"  | {_fmt(o):>8}  x{_fmt(ratio, '.2f')}"
+    lines.append(cell)
+  text = "\n".join(lines)
+  return f"```\n{text}\n```" if markdown else text
+
+
+def write_events(run_dir: pathlib.Path, r: dict[str, Any],
+                 other: dict[str, Any] | None) -> None:
+  """Scalars `microbench/<op>_gflops/<lib>_<dtype>` at step = matrix size, and text."""
+  import tensorflow as tf
+  with tf.summary.create_file_writer(str(run_dir)).as_default():
+    for row in r["throughput"]:
+      if row.get("gflops") and isinstance(row["size"], int):
+        tf.summary.scalar(f"microbench/{row['op']}_gflops/{row['lib']}_{row['dtype']}",
+                          row["gflops"], step=row["size"])
+      elif row.get("gflops"):
+        tf.summary.scalar(f"microbench/{row['op']}_gflops/{row['lib']}_{row['dtype']}",
+                          row["gflops"], step=0)
+    for row in r["simd"]:
+      tf.summary.scalar(f"microbench/simd_gelements_per_s/{row['op']}_{row['lib']}_"
+                        f"{row['dtype']}", row["elements_per_s"] / 1e9, step=0)
+    for f in r["fma"]:
+      tf.summary.scalar(f"microbench/fma_differ_share/{f['dtype']}", f["differ_share"],
+                        step=0)
+    tf.summary.text("microbench/report", format_report(r, other, markdown=True), step=0)

@@ -1,0 +1,87 @@
+"""What TensorFlow actually uses: its build, the instructions it says it was not
+compiled for, and the ISA oneDNN dispatches for float32 and bfloat16 matmul and conv.
+
+Run in a child process (`python -c PROBE`), because the facts come from what TF and
+oneDNN print at start-up and per primitive: `ONEDNN_VERBOSE=1` makes oneDNN print its
+ISA and one line per executed primitive (its implementation and memory dtypes). The
+child can be another interpreter (`--compare_python`), e.g. a source-built TF.
+"""
+
+import json
+import os
+import re
+import subprocess
+
+from mpt.errors import UserError
+
+PROBE = r"""
+import json, sys
+import tensorflow as tf
+for dtype in ("float32", "bfloat16"):
+  a = tf.cast(tf.ones((128, 128)), dtype)
+  print(f"MPT-OP matmul {dtype}", flush=True)
+  tf.linalg.matmul(a, a).numpy()
+  x = tf.cast(tf.ones((1, 16, 16, 16)), dtype)
+  k = tf.cast(tf.ones((3, 3, 16, 16)), dtype)
+  print(f"MPT-OP conv2d {dtype}", flush=True)
+  tf.nn.conv2d(x, k, 1, "SAME").numpy()
+print("MPT-INFO " + json.dumps({"tf_version": tf.__version__,
+                                "python": sys.version.split()[0],
+                                "build": dict(tf.sysconfig.get_build_info())}))
+"""
+
+
+def check_python(python: str) -> str:
+  """The TensorFlow version of interpreter `python`; UserError if it cannot run TF."""
+  if not os.path.isfile(python) or not os.access(python, os.X_OK):
+    raise UserError(f"--compare_python={python!r} is not an executable file")
+  proc = subprocess.run([python, "-c", "import tensorflow as tf; print(tf.__version__)"],
+                        capture_output=True, text=True, timeout=300)
+  version = (proc.stdout.strip().splitlines() or [""])[-1]
+  if proc.returncode or not re.fullmatch(r"\d+\.\d+\S*", version):
+    last = (proc.stderr.strip().splitlines() or ["it printed no TensorFlow version"])[-1]
+    raise UserError(f"--compare_python={python!r} has no working TensorFlow ({last})")
+  return version
+
+
+def parse(stdout: str, stderr: str) -> dict:
+  """The facts in a PROBE child's output."""
+  not_used = re.search(r"To enable the following instructions: (.*?), in other "
+                       r"operations", stderr)
+  isa = re.search(r"onednn_verbose,(?:v1,)?info,cpu,isa:(.*)", stdout)
+  onednn_on = "oneDNN custom operations are on" in stderr or bool(isa)
+  ops, current = {}, None
+  for line in stdout.splitlines():
+    if line.startswith("MPT-OP "):
+      current = line.split(" ", 1)[1].replace(" ", "_")
+      ops[current] = []
+    elif current and ",primitive,exec," in line:
+      parts = line.split(",")
+      at = parts.index("exec") + 2  # after "exec,cpu"
+      kind, impl, mds = parts[at], parts[at + 1], parts[at + 3]
+      src = re.search(r"src_(\w+?):", mds)
+      entry = f"{kind}{':' + impl if impl else ''} on {src.group(1) if src else '?'}"
+      if entry not in ops[current]:
+        ops[current].append(entry)
+  info = next((json.loads(l[len("MPT-INFO "):]) for l in stdout.splitlines()
+               if l.startswith("MPT-INFO ")), {})
+  return {
+      **info,
+      "not_compiled_for": not_used.group(1).split() if not_used else [],
+      "onednn": onednn_on,
+      "onednn_isa": isa.group(1).strip() if isa else None,
+      # Per op and dtype, the oneDNN primitives that ran (implementation, source
+      # dtype); empty: oneDNN did not run it (Eigen did).
+      "onednn_dispatch": ops,
+  }
+
+
+def probe(python: str) -> dict:
+  """Runs PROBE under `python` with ONEDNN_VERBOSE=1 and returns `parse`'s facts."""
+  env = {**os.environ, "ONEDNN_VERBOSE": "1", "TF_CPP_MIN_LOG_LEVEL": "0"}
+  proc = subprocess.run([python, "-c", PROBE], capture_output=True, text=True,
+                        env=env, timeout=300)
+  if proc.returncode:
+    raise RuntimeError(f"TensorFlow probe failed under {python}: "
+                       f"{proc.stderr.strip().splitlines()[-1:]}")
+  return parse(proc.stdout, proc.stderr)
