@@ -14,7 +14,7 @@ from mpt.errors import UserError
 
 POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
 LOOPS = ("fit", "custom")
-MODES = ("train", "inspect", "microbench")
+MODES = ("train", "inspect", "microbench", "sweep")
 STRATEGIES = ("default", "mirrored", "multi_worker", "tpu")
 
 
@@ -28,8 +28,8 @@ def _field(default: Any, help: str, choices: tuple[str, ...] | None = None,
 class Config:
   """One training run. Field names are the command-line flag names."""
   mode: str = _field("train", "`train` a model, `inspect` its per-layer dtypes and "
-                     "FLOPs without training, or `microbench` the CPU and TensorFlow.",
-                     choices=MODES)
+                     "FLOPs without training, `microbench` the CPU and TensorFlow, or "
+                     "`sweep` batch sizes x policies x loops.", choices=MODES)
   policy: str = _field("float32", "Keras dtype policy, set globally before the model "
                        "is built.", choices=POLICIES)
   loop: str = _field("fit", "Who drives the train step: Keras `fit`, or mpt's own "
@@ -110,6 +110,19 @@ class Config:
                                "by this (1e30 overflows float16, nan diverges) during "
                                "--fault_steps.")
   fault_steps: str = _field("", "A,B: global steps the --fault_factor applies to.")
+  batch_sizes: str = _field("", "--mode=sweep: batch sizes, comma-separated "
+                            "(default: --batch_size).")
+  policies: str = _field("", "--mode=sweep: policies, comma-separated (default: "
+                         "--policy).")
+  loops: str = _field("", "--mode=sweep: loops, comma-separated (default: --loop).")
+  image_sizes: str = _field("", "--mode=sweep: image sizes (default: --image_size).")
+  models: str = _field("", "--mode=sweep: model variants (default: --model).")
+  jit_compiles: str = _field("", "--mode=sweep: `false,true` runs every cell with and "
+                             "without XLA (default: --jit_compile).")
+  cell_timeout: float = _field(0.0, "--mode=sweep: seconds before a cell is killed "
+                               "and recorded as `timeout`; 0 = no limit.")
+  force: bool = _field(False, "--mode=sweep: rerun cells the sweep folder already "
+                       "holds.")
   microbench_sizes: str = _field("256,512,1024,2048", "--mode=microbench: square "
                                  "matmul sizes, comma-separated.")
   microbench_dtypes: str = _field("float32,bfloat16,float16", "--mode=microbench: "

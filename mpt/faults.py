@@ -97,3 +97,13 @@ class FaultInjector(keras.callbacks.Callback):
     self.step += 1
     inside = self.window[0] <= self.step <= self.window[1]
     self.var.assign(self.factor if inside else 1.0)
+
+
+def test_oom_hook(batch_size: int) -> None:
+  """Test hook: MPT_TEST_OOM_BATCH=N makes a run of batch size N fail the way an
+  out-of-memory does (tests of the sweep's OOM handling; no memory is exhausted)."""
+  if os.environ.get("MPT_TEST_OOM_BATCH") == str(batch_size):
+    import tensorflow as tf
+    raise tf.errors.ResourceExhaustedError(
+        None, None, f"OOM when allocating tensor with batch {batch_size} "
+        "(MPT_TEST_OOM_BATCH test hook)")

@@ -42,6 +42,7 @@ from mpt import profiler
 from mpt import rundir
 from mpt import sampler as sampler_lib
 from mpt import steps as steps_lib
+from mpt import sweep
 from mpt.errors import UserError
 
 
@@ -222,6 +223,7 @@ def train_and_evaluate(cfg: config.Config) -> dict[str, Any]:
   status, message = "failed", None  # Until the loop returns or is stopped.
   try:
     stop.install()
+    faults.test_oom_hook(cfg.batch_size)
     if sampler:
       sampler.start()
     with dist.strategy.scope():
@@ -276,4 +278,4 @@ def _hparams(cfg: config.Config) -> dict[str, Any]:
 
 
 MODES = {"train": train_and_evaluate, "inspect": inspect.run,
-         "microbench": microbench.run}
+         "microbench": microbench.run, "sweep": sweep.run}

@@ -20,7 +20,6 @@ from mpt import config
 from mpt import rundir
 from mpt.errors import UserError
 from mpt.microbench import report
-from mpt.microbench import throughput
 
 # Exact arithmetic costs ~0.1 ms per rounding in Python: the counts keep the FMA and
 # dot-product sections at ~10 s.
@@ -59,6 +58,7 @@ def measure(sizes: list[int], dtypes: list[str], quick: bool,
   from mpt.microbench import isa
   from mpt.microbench import tfbuild
   from mpt import hardware
+  from mpt.microbench import throughput
   p = {**FULL, "sizes": sizes} if not quick else QUICK
   start = time.perf_counter()
   cpu = isa.detect()
@@ -90,6 +90,7 @@ def measure(sizes: list[int], dtypes: list[str], quick: bool,
 
 def run(cfg: config.Config) -> dict[str, Any]:
   """`--mode=microbench`: measures, prints the report, writes the run folder."""
+  from mpt.microbench import throughput  # TensorFlow: imported when measuring.
   config.validate(cfg)
   sizes = parse_list(cfg.microbench_sizes, "microbench_sizes", kind=int)
   dtypes = parse_list(cfg.microbench_dtypes, "microbench_dtypes",
