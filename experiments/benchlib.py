@@ -7,20 +7,11 @@ another, never concurrently, so they do not compete for the cores.
 import json
 import os
 import pathlib
-import socket
 import subprocess
 import sys
 import time
 
-
-def _free_ports(n: int) -> list[int]:
-  sockets = [socket.socket() for _ in range(n)]
-  for s in sockets:
-    s.bind(("127.0.0.1", 0))
-  ports = [s.getsockname()[1] for s in sockets]
-  for s in sockets:
-    s.close()
-  return ports
+from mpt import distribute
 
 
 def run_cell(out: str, name: str, workers: int = 1, **flags) -> dict:
@@ -33,12 +24,10 @@ def run_cell(out: str, name: str, workers: int = 1, **flags) -> dict:
   cmd = [sys.executable, "-m", "mpt.main", "--verbose=0", f"--logdir={out}",
          f"--run_name={name}"] + [f"--{k}={v}" for k, v in flags.items()]
   if workers > 1:
-    cluster = {"worker": [f"127.0.0.1:{p}" for p in _free_ports(workers)]}
     procs = [subprocess.Popen(
         cmd + ["--strategy=multi_worker"], stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, env={**os.environ, "TF_CONFIG": json.dumps(
-            {"cluster": cluster, "task": {"type": "worker", "index": i}})})
-        for i in range(workers)]
+        stderr=subprocess.PIPE, text=True, env={**os.environ, "TF_CONFIG": tf_config})
+        for tf_config in distribute.local_cluster(workers)]
     results = [p.communicate() for p in procs]
     failed = [(p, err) for p, (_, err) in zip(procs, results) if p.returncode]
     if failed:

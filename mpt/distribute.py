@@ -24,6 +24,7 @@ Devices and collectives can only be set up before TensorFlow's runtime starts, s
 import dataclasses
 import json
 import os
+import socket
 from typing import Any
 
 import tensorflow as tf
@@ -187,3 +188,17 @@ def check_batch(cfg: Config, dist: Setup) -> None:
                     f"evenly across {dist.replicas} replicas; use a multiple of "
                     f"{dist.replicas}, e.g. {lower or dist.replicas} or "
                     f"{lower + dist.replicas}")
+
+
+def local_cluster(workers: int) -> list[str]:
+  """TF_CONFIG values for `workers` processes on this machine, one per worker, on
+  free 127.0.0.1 ports (for tests and benchmarks; a port can be taken in between)."""
+  sockets = [socket.socket() for _ in range(workers)]
+  for s in sockets:
+    s.bind(("127.0.0.1", 0))
+  ports = [s.getsockname()[1] for s in sockets]
+  for s in sockets:
+    s.close()
+  cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
+  return [json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})
+          for i in range(workers)]

@@ -3,7 +3,6 @@ two-worker MultiWorkerMirroredStrategy cluster on 127.0.0.1 in child processes."
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -133,16 +132,6 @@ def test_per_replica_batchnorm_statistics_differ_from_one_device(tiny):
       per_step_losses(one["run_dir"])[0], rel=1e-3)
 
 
-def free_ports(n: int) -> list[int]:
-  sockets = [socket.socket() for _ in range(n)]
-  for s in sockets:
-    s.bind(("127.0.0.1", 0))
-  ports = [s.getsockname()[1] for s in sockets]
-  for s in sockets:
-    s.close()
-  return ports
-
-
 @pytest.mark.parametrize("loop", ["fit", "custom"])
 def test_two_local_workers_train_and_only_the_chief_writes(tmp_path, loop):
   flags = ["--image_size=16", "--batch_size=4", "--synthetic_train=20",
@@ -152,13 +141,12 @@ def test_two_local_workers_train_and_only_the_chief_writes(tmp_path, loop):
   # The same run on one device, in process; it also generates the shared data.
   one = train.train_and_evaluate(config.from_flagfile(
       "\n".join(flags + [f"--logdir={tmp_path}/one"])))
-  cluster = {"worker": [f"127.0.0.1:{p}" for p in free_ports(2)]}
+  tf_configs = distribute.local_cluster(2)
   scratch = tmp_path / "tmp"
   scratch.mkdir()
   procs = []
   for index in (1, 0):
-    env = {**os.environ, "TF_CONFIG": tf_config(cluster, "worker", index),
-           "TMPDIR": str(scratch)}
+    env = {**os.environ, "TF_CONFIG": tf_configs[index], "TMPDIR": str(scratch)}
     procs.append(subprocess.Popen(
         [sys.executable, "-m", "mpt.main", "--strategy=multi_worker",
          f"--logdir={tmp_path}/logs", *flags],
