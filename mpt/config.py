@@ -36,6 +36,8 @@ class Config:
                      "tf.function loop (`custom`).", choices=LOOPS)
   model: str = _field("seed_convnet", "Model variant from the registry in "
                       "mpt/models.py.")
+  model_opts: str = _field("", "Options of the --model builder, "
+                           "`key=value,key=value` (e.g. resnet: depth=10,width=32).")
   dataset: str = _field(
       "synthetic", "`synthetic` (generated offline), `folder:PATH` (imagenette2-320 "
       "layout: PATH/train/<class>/*.JPEG, PATH/val/<class>/*.JPEG) or a TFDS name "

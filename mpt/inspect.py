@@ -39,13 +39,15 @@ def layer_flops(layer: keras.layers.Layer) -> tuple[int, tuple[int, int] | None]
   multiply-adds (plus one per output for a fused activation); BatchNorm 4 per element
   (subtract, divide, scale, shift); any other layer one per output element.
   """
-  in_shape, out_shape = tuple(layer.input.shape), tuple(layer.output.shape)
+  if hasattr(layer, "flops_per_example"):  # A custom layer that counts its own.
+    return int(layer.flops_per_example()), None
+  out_shape = tuple(layer.output.shape)
   out = _size(out_shape)
   if isinstance(layer, keras.layers.DepthwiseConv2D):
     k = math.prod(layer.kernel_size)
     return 2 * out * k, None
   if isinstance(layer, MATMUL_LAYERS):
-    c_in = in_shape[-1]
+    c_in = layer.input.shape[-1]
     per_output = c_in * (math.prod(layer.kernel_size) // getattr(layer, "groups", 1)
                          if hasattr(layer, "kernel_size") else 1)
     act = out if getattr(layer, "activation", None) not in (
@@ -188,14 +190,15 @@ def run(cfg: config.Config) -> dict[str, Any]:
   printed and written to a run folder as dtypes.json and a TensorBoard text summary.
   """
   config.validate(cfg)
-  models.get(cfg.model)
+  models.parse_opts(cfg.model, cfg.model_opts)  # Checks the name and the options.
   rundir.check_root(cfg)
   keras.backend.clear_session()
   keras.utils.set_random_seed(cfg.seed)
   print(precision.describe(precision.set_policy(cfg.policy)))
   size = cfg.image_size
   model = models.build(cfg.model, (size, size, 3), 10,
-                       run_options={"bn_momentum": cfg.bn_momentum})
+                       run_options={"bn_momentum": cfg.bn_momentum},
+                       **models.parse_opts(cfg.model, cfg.model_opts))
   report = inspect_model(model, seed=cfg.seed)
   print(format_table(report))
   run_dir = rundir.create(cfg)

@@ -115,7 +115,7 @@ def _prepare(cfg: config.Config):
   # First: devices and collectives can only be set up before TF's runtime starts.
   dist = distribute.setup(cfg)
   distribute.check_batch(cfg, dist)
-  models.get(cfg.model)
+  models.parse_opts(cfg.model, cfg.model_opts)  # Checks the name and the options.
   if dist.is_chief:
     rundir.check_root(cfg)
   profiler.parse_window(cfg.profile_steps, cfg.warmup_steps, 10**12)  # Syntax, early.
@@ -163,7 +163,8 @@ def train_and_evaluate(cfg: config.Config) -> dict[str, Any]:
     model = models.build(cfg.model, (size, size, 3), len(data.class_names),
                          run_options={"bn_momentum": cfg.bn_momentum,
                                       "bn_synchronized": cfg.sync_batchnorm and
-                                      dist.replicas > 1})
+                                      dist.replicas > 1},
+                         **models.parse_opts(cfg.model, cfg.model_opts))
     optimizer = precision.make_optimizer(cfg.policy, cfg.learning_rate, cfg.loss_scale)
     optimizer.build(model.trainable_variables)  # Its slots must exist to be restored.
   ckpt = checkpoint.Checkpointer(run_dir, model, optimizer, cfg.keep_checkpoints,
@@ -274,7 +275,8 @@ def train_and_evaluate(cfg: config.Config) -> dict[str, Any]:
 
 def _hparams(cfg: config.Config) -> dict[str, Any]:
   return {k: getattr(cfg, k) for k in ("policy", "loop", "model", "batch_size",
-                                       "image_size", "jit_compile", "dataset", "strategy")}
+                                       "image_size", "jit_compile", "dataset", "strategy",
+                                       "model_opts")}
 
 
 MODES = {"train": train_and_evaluate, "inspect": inspect.run,

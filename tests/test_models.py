@@ -50,3 +50,70 @@ def test_policy_decides_layer_dtypes_and_output_is_float32(policy, compute):
   assert model.layers[-1].compute_dtype == "float32"
   out = model(keras.ops.zeros((2, 32, 32, 3)))
   assert out.dtype == "float32"
+
+
+VARIANTS = ["seed_convnet", "seed_convnet_aligned", "resnet", "mobilenet", "vit"]
+# Small options so that every variant trains a step on 32 px inputs in a second.
+SMALL = {"resnet": dict(depth=10, width=16), "mobilenet": dict(alpha=0.25),
+         "vit": dict(patch=8, dim=32, depth=2, heads=2, mlp=64)}
+# The float32 layers a 16-bit policy may leave: the forced-float32 output and the
+# normalisations Keras computes in float32.
+EXPECTED_FLOAT32 = ("dtype forced to float32", "normalises in float32")
+
+
+def test_every_variant_is_registered_with_a_one_line_purpose():
+  assert models.names() == sorted(VARIANTS)
+  for name in VARIANTS:
+    doc = models.get(name).__doc__
+    assert doc and doc.strip().split("\n")[0], name
+
+
+@pytest.mark.parametrize("policy", ["float32", "mixed_float16", "mixed_bfloat16"])
+@pytest.mark.parametrize("name", VARIANTS)
+def test_every_variant_builds_has_a_float32_output_and_trains_a_step(name, policy):
+  from mpt import inspect as mpt_inspect
+  from mpt import steps as steps_lib
+  precision.set_policy(policy)
+  model = models.build(name, (32, 32, 3), 10, **SMALL.get(name, {}))
+  assert model.output_shape == (None, 10) and model.output.dtype == "float32"
+  report = mpt_inspect.inspect_model(model)
+  assert report["params"] > 0 and report["forward_flops_per_example"] > 0
+  if policy != "float32":
+    unexpected = [r for r in report["float32_layers"]
+                  if not any(words in r["reason"] for words in EXPECTED_FLOAT32)]
+    assert unexpected == [], unexpected
+    assert report["flops_share_16bit"] > 0.9
+  optimizer = precision.make_optimizer(policy, 1e-3, "dynamic")
+  steps = steps_lib.Steps(model, optimizer, global_batch=4)
+  images = keras.random.uniform((4, 32, 32, 3))
+  logs = steps.train_step(images, keras.ops.convert_to_tensor([0, 1, 2, 3]))
+  assert float(logs["loss"]) > 0
+
+
+def test_aligned_variant_pads_the_first_conv_and_the_logits():
+  model = models.build("seed_convnet_aligned", (32, 32, 3), 10)
+  from mpt import inspect as mpt_inspect
+  report = mpt_inspect.inspect_model(model)
+  assert report["misaligned_layers"] == []
+  seed = mpt_inspect.inspect_model(models.build("seed_convnet", (32, 32, 3), 10))
+  assert seed["misaligned_layers"] == ["conv1", "logits"]
+
+
+@pytest.mark.parametrize("name,spec,words", [
+    ("resnet", "depth=10,width=abc", "width='abc' is not a int"),
+    ("resnet", "height=3", "no option 'height'; accepted: depth, width"),
+    ("resnet", "depth", "'depth' is not key=value"),
+    ("vit", "patch=8,colour=red", "no option 'colour'; accepted: patch, dim, depth"),
+    ("nope", "a=1", "unknown --model='nope'; valid: mobilenet, resnet"),
+])
+def test_model_opts_errors_name_what_is_accepted(name, spec, words):
+  with pytest.raises(UserError) as e:
+    models.parse_opts(name, spec)
+  assert words in str(e.value)
+
+
+def test_model_opts_are_typed_from_the_defaults():
+  assert models.parse_opts("resnet", "depth=10, width=32") == {"depth": 10, "width": 32}
+  assert models.parse_opts("mobilenet", "alpha=0.5") == {"alpha": 0.5}
+  with pytest.raises(UserError, match="valid depths are 10, 18, 34"):
+    models.build("resnet", (32, 32, 3), 10, depth=50)

@@ -1,15 +1,20 @@
-"""Model variants: a registry of builder functions, chosen by `--model`.
+"""Model variants: a registry of builder functions, chosen by `--model`, with options
+from `--model_opts=key=value,...`.
 
 A variant is one builder plus one `@register` line. A builder takes the input shape,
 the number of classes and keyword options, and never a dtype: the global Keras policy
 (set by mpt/precision.py before the build) decides every layer's compute dtype. Only
-the output is forced to float32, so the loss and its gradients start in full
-precision, as the TensorFlow mixed-precision guide asks.
+the output is forced to float32 (`classifier_head`), so the loss and its gradients
+start in full precision, as the TensorFlow mixed-precision guide asks.
 
     @register
-    def my_net(input_shape, num_classes, *, bn_momentum=0.9):
+    def my_net(input_shape, num_classes, *, width: int = 64, bn_momentum=0.9):
+      '''One line: what this variant is for.'''
       ...
-      return keras.Model(inputs, outputs)
+      return keras.Model(inputs, classifier_head(x, num_classes), name="my_net")
+
+The variants live in convnets.py (seed_convnet, seed_convnet_aligned, resnet,
+mobilenet) and vit.py; README "Adding a model variant" walks through one.
 """
 
 import inspect
@@ -64,28 +69,39 @@ def build(name: str, input_shape: tuple[int, int, int], num_classes: int,
   return builder(input_shape, num_classes, **options)
 
 
+def parse_opts(name: str, spec: str) -> dict:
+  """`--model_opts="depth=10,width=32"` -> {"depth": 10, "width": 32}, each value
+  converted to the type of the builder's default; UserError naming what is wrong."""
+  if not spec:
+    return {}
+  params = inspect.signature(get(name)).parameters
+  accepted = [p for p in params if p not in ("input_shape", "num_classes")
+              and p not in RUN_OPTIONS]
+  opts = {}
+  for item in spec.split(","):
+    key, eq, value = (s.strip() for s in item.partition("="))
+    if not eq or not key:
+      raise UserError(f"--model_opts={spec!r}: {item!r} is not key=value")
+    if key not in accepted:
+      raise UserError(f"model {name!r} has no option {key!r}; accepted: "
+                      f"{', '.join(accepted) or 'none'}")
+    kind = type(params[key].default)
+    try:
+      opts[key] = ({"true": True, "false": False}[value.lower()] if kind is bool
+                   else kind(value))
+    except (ValueError, KeyError):
+      raise UserError(f"--model_opts: {key}={value!r} is not a {kind.__name__}") from None
+  return opts
+
+
 def classifier_head(x, num_classes: int):
   """Logits in the policy's dtype, softmax forced to float32 (the model's output)."""
   x = keras.layers.Dense(num_classes, name="logits")(x)
   return keras.layers.Activation("softmax", dtype="float32", name="probs")(x)
 
 
-@register
-def seed_convnet(input_shape, num_classes, *, bn_momentum: float = 0.9,
-                 bn_synchronized: bool = False) -> keras.Model:
-  """The seed experiment's convnet: three strided convs with BatchNorm, GAP, dense.
 
-  Filters are multiples of 8 as the TF guide asks; the first conv still sees 3 input
-  channels. Keras' BatchNorm default momentum is 0.99 (the seed's); mpt defaults to 0.9
-  so that short runs validate with settled moving statistics. `bn_synchronized`:
-  batch statistics over all replicas (mpt sets it under a multi-replica strategy).
-  """
-  inputs = keras.Input(input_shape, name="image")
-  x = inputs
-  for i, (filters, kernel) in enumerate(((32, 5), (64, 7), (128, 11)), start=1):
-    x = keras.layers.Conv2D(filters, kernel, strides=2, padding="same",
-                            activation="relu", name=f"conv{i}")(x)
-    x = keras.layers.BatchNormalization(momentum=bn_momentum,
-                                        synchronized=bn_synchronized, name=f"bn{i}")(x)
-  x = keras.layers.GlobalAveragePooling2D(name="gap")(x)
-  return keras.Model(inputs, classifier_head(x, num_classes), name="seed_convnet")
+
+# The variants register themselves on import (after the registry above exists).
+from mpt.models import convnets  # noqa: E402,F401
+from mpt.models import vit  # noqa: E402,F401
