@@ -43,7 +43,7 @@ def test_flag_errors_are_reported_by_absl_without_traceback(args, words):
 
 
 @pytest.mark.parametrize("args,words", [
-    (["--model=resnet9000"], "mpt: error: unknown --model='resnet9000'; valid: seed_convnet"),
+    (["--model=resnet9000"], "mpt: error: unknown --model='resnet9000'; valid: mobilenet, resnet, seed_convnet"),
     (["--dataset=folder:/no/such/dir"], "mpt: error: folder dataset '/no/such/dir' does not exist"),
     (["--dataset=imagenettx"], "mpt: error: unknown --dataset='imagenettx'"),
     (["--logdir=/proc/version/logs"], "mpt: error: cannot create --logdir"),

@@ -112,6 +112,11 @@ def test_model_opts_errors_name_what_is_accepted(name, spec, words):
   assert words in str(e.value)
 
 
+def test_an_unknown_model_is_an_error_even_without_options():
+  with pytest.raises(UserError, match="unknown --model='nope'"):
+    models.parse_opts("nope", "")
+
+
 def test_model_opts_are_typed_from_the_defaults():
   assert models.parse_opts("resnet", "depth=10, width=32") == {"depth": 10, "width": 32}
   assert models.parse_opts("mobilenet", "alpha=0.5") == {"alpha": 0.5}

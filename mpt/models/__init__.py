@@ -72,9 +72,9 @@ def build(name: str, input_shape: tuple[int, int, int], num_classes: int,
 def parse_opts(name: str, spec: str) -> dict:
   """`--model_opts="depth=10,width=32"` -> {"depth": 10, "width": 32}, each value
   converted to the type of the builder's default; UserError naming what is wrong."""
+  params = inspect.signature(get(name)).parameters  # Checks the name, too.
   if not spec:
     return {}
-  params = inspect.signature(get(name)).parameters
   accepted = [p for p in params if p not in ("input_shape", "num_classes")
               and p not in RUN_OPTIONS]
   opts = {}
