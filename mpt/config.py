@@ -14,7 +14,7 @@ from mpt.errors import UserError
 
 POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
 LOOPS = ("fit", "custom")
-MODES = ("train", "inspect", "microbench", "sweep")
+MODES = ("train", "inspect", "microbench", "sweep", "diagnose")
 STRATEGIES = ("default", "mirrored", "multi_worker", "tpu")
 
 
@@ -28,8 +28,11 @@ def _field(default: Any, help: str, choices: tuple[str, ...] | None = None,
 class Config:
   """One training run. Field names are the command-line flag names."""
   mode: str = _field("train", "`train` a model, `inspect` its per-layer dtypes and "
-                     "FLOPs without training, `microbench` the CPU and TensorFlow, or "
-                     "`sweep` batch sizes x policies x loops.", choices=MODES)
+                     "FLOPs without training, `microbench` the CPU and TensorFlow, "
+                     "`sweep` batch sizes x policies x loops, or `diagnose` an existing "
+                     "run or sweep folder (--run).", choices=MODES)
+  run: str = _field("", "--mode=diagnose: the run or sweep folder (logs/<run>) to "
+                    "explain: why mixed precision did or did not speed it up.")
   policy: str = _field("float32", "Keras dtype policy, set globally before the model "
                        "is built.", choices=POLICIES)
   loop: str = _field("fit", "Who drives the train step: Keras `fit`, or mpt's own "
@@ -68,6 +71,10 @@ class Config:
       True, "With more than one replica, BatchNorm statistics over the global batch "
       "(Keras synchronized=True), so results match one device; --nosync_batchnorm "
       "uses per-replica statistics (one all-reduce fewer per BatchNorm layer).")
+  tf32: bool = _field(True, "On Ampere or newer GPUs, float32 matmuls and "
+                      "convolutions run as TF32 on Tensor Cores (TensorFlow's "
+                      "default); --notf32 measures a plain FP32 baseline. No effect "
+                      "on CPUs.")
   jit_compile: bool = _field(False, "Compile the train/eval step with XLA in both "
                              "loops.")
   logdir: str = _field("logs", "Root folder of run folders (TensorBoard --logdir).")
@@ -81,6 +88,10 @@ class Config:
                              "320px version has 320).", lower_bound=16)
   shuffle_buffer: int = _field(0, "Shuffle buffer; 0 = the whole training set (the "
                                "seed used 12895/batch_size).", lower_bound=0)
+  input_work: int = _field(0, "Extra per-example work in the training input "
+                           "pipeline: N passes of a 3x3 blur over each image, computed "
+                           "and then discarded, to make a run input bound on purpose.",
+                           lower_bound=0)
   cache: str = _field("memory", "Where the resized float32 images are cached: "
                       "`memory`, `none`, or a file path prefix.")
   warmup_steps: int = _field(5, "Steps at the start of the run left out of "

@@ -13,7 +13,8 @@ skipped, named in the log and counted in summary.json (`skipped_files`).
 
 The training set repeats: an epoch is `steps_per_epoch` full batches taken from one
 endless shuffled stream, so every step of both loops has the same static batch shape
-(no retracing, no partial last batch in the timings).
+(no retracing, no partial last batch in the timings). `--input_work=N` adds N blur
+passes per training example after the cache: a deliberately slow input pipeline.
 """
 
 import dataclasses
@@ -170,6 +171,23 @@ def _resize_cache_count(source, cfg: Config, split: str):
   return ds, len(seen), skipped
 
 
+def _input_work(passes: int):
+  """`--input_work`: a map adding N passes of a 3x3 blur per example, then discarded.
+
+  The result enters the image as `+ 0 * sum(blurred)`: a float multiply by zero is not
+  folded away (NaN * 0 is NaN), so tf.data's graph optimisations keep the work.
+  """
+  kernel = tf.fill((3, 3, 3, 1), 1.0 / 9.0)
+
+  def work(image, label):
+    blurred = tf.while_loop(
+        lambda i, x: i < passes,
+        lambda i, x: (i + 1, tf.nn.depthwise_conv2d(x, kernel, [1, 1, 1, 1], "SAME")),
+        (tf.constant(0), image[None]))[1]
+    return image + 0.0 * tf.reduce_sum(blurred), label
+  return work
+
+
 def _shard_by_data(ds: tf.data.Dataset) -> tf.data.Dataset:
   """Multi-worker runs split each global batch across workers by element.
 
@@ -208,9 +226,14 @@ def load(cfg: Config) -> Data:
   # of the dataset sees the same (Keras reads a batch from a first iterator to build
   # the model under a strategy; a reshuffling shuffle would give the next another
   # order). With the whole set in the buffer, the epoch boundaries blur a little.
+  stream = lambda: cached.repeat().shuffle(buffer, seed=cfg.seed,
+                                           reshuffle_each_iteration=False)
+  if cfg.input_work:  # After the cache, so that every step pays for it.
+    plain = stream
+    stream = lambda: plain().map(_input_work(cfg.input_work),
+                                 num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
   make_train = lambda: _shard_by_data(
-      cached.repeat().shuffle(buffer, seed=cfg.seed, reshuffle_each_iteration=False)
-      .batch(cfg.batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE))
+      stream().batch(cfg.batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE))
   val = _shard_by_data(val.batch(cfg.batch_size).prefetch(tf.data.AUTOTUNE))
   steps = math.ceil(n_train / cfg.batch_size)
   if cfg.steps_per_epoch:

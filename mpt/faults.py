@@ -99,10 +99,12 @@ class FaultInjector(keras.callbacks.Callback):
     self.var.assign(self.factor if inside else 1.0)
 
 
-def test_oom_hook(batch_size: int) -> None:
-  """Test hook: MPT_TEST_OOM_BATCH=N makes a run of batch size N fail the way an
-  out-of-memory does (tests of the sweep's OOM handling; no memory is exhausted)."""
-  if os.environ.get("MPT_TEST_OOM_BATCH") == str(batch_size):
+def test_oom_hook(batch_size: int, policy: str = "") -> None:
+  """Test hook: MPT_TEST_OOM_BATCH=N (or N/POLICY) makes a run of batch size N (under
+  POLICY only) fail the way an out-of-memory does (tests of the sweep's OOM handling
+  and of the diagnosis' memory finding; no memory is exhausted)."""
+  batch, _, only = os.environ.get("MPT_TEST_OOM_BATCH", "").partition("/")
+  if batch == str(batch_size) and only in ("", policy):
     import tensorflow as tf
     raise tf.errors.ResourceExhaustedError(
         None, None, f"OOM when allocating tensor with batch {batch_size} "

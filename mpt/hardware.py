@@ -23,18 +23,34 @@ def cpu_name() -> str:
 
 def gpu_compute_capabilities() -> list[tuple[int, int]]:
   """(major, minor) of each visible GPU; empty on a CPU-only machine."""
-  caps = []
-  for gpu in tf.config.list_physical_devices("GPU"):
-    cc = tf.config.experimental.get_device_details(gpu).get("compute_capability")
-    if cc:
-      caps.append(tuple(cc))
-  return caps
+  return [cc for _, cc in _gpu_details() if cc]
 
 
 def gpu_names() -> list[str]:
   """The name of each visible GPU; empty on a CPU-only machine."""
-  return [tf.config.experimental.get_device_details(gpu).get("device_name", gpu.name)
-          for gpu in tf.config.list_physical_devices("GPU")]
+  return [name for name, _ in _gpu_details()]
+
+
+def facts() -> dict:
+  """What a diagnosis needs to know about the machine a run used (summary.json)."""
+  cpu = isa.detect()
+  return {
+      "cpu": cpu.name, "cpu_count": os.cpu_count(),
+      "cpu_flags": sorted(k for k, v in cpu.isa().items() if v),
+      "gpus": [{"name": name, "compute_capability": list(cc) if cc else None}
+               for name, cc in _gpu_details()],
+      # TF32 matters only on compute capability >= 8.0; the switch is global.
+      "tf32": bool(tf.config.experimental.tensor_float_32_execution_enabled()),
+  }
+
+
+def _gpu_details() -> list[tuple[str, tuple[int, int] | None]]:
+  out = []
+  for gpu in tf.config.list_physical_devices("GPU"):
+    details = tf.config.experimental.get_device_details(gpu)
+    cc = details.get("compute_capability")
+    out.append((details.get("device_name", gpu.name), tuple(cc) if cc else None))
+  return out
 
 
 def device_name() -> str:
@@ -65,9 +81,13 @@ def peak_gflops(dtype: str) -> tuple[float | None, str]:
   gpus = tf.config.list_physical_devices("GPU")
   if gpus:
     name = tf.config.experimental.get_device_details(gpus[0]).get("device_name", "")
+    key = dtype
+    if dtype == "float32" and not tf.config.experimental.tensor_float_32_execution_enabled():
+      key = "float32_fp32"  # --notf32: the plain FP32 units (pre-Ampere: the same).
     for fragment, table in GPU_PEAK_TFLOPS.items():
-      if fragment in name and dtype in table:
-        return table[dtype] * 1e3 * len(gpus), f"data sheet: {fragment} {dtype}"
+      use = key if key in table else dtype
+      if fragment in name and use in table:
+        return table[use] * 1e3 * len(gpus), f"data sheet: {fragment} {use}"
     return None, f"no data-sheet figure for {name!r}"
   # The CPU's theoretical peak, with its assumptions (mpt/microbench/isa.py).
   peak = isa.peak_gflops(isa.detect(), dtype)

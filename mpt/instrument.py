@@ -157,6 +157,10 @@ class ScalarWriter(keras.callbacks.Callback):
         if summary.get(key) is not None:
           tf.summary.scalar(f"final/{key}", summary[key])
 
+  def text(self, tag: str, text: str) -> None:
+    with self.writer.as_default(step=self.timer.steps):
+      tf.summary.text(tag, text)
+
   def close(self) -> None:
     self.writer.flush()
     self.writer.close()

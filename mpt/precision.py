@@ -11,6 +11,7 @@ float32's range and needs no loss scaling.
 from absl import logging
 import keras
 
+from mpt import detectors
 from mpt import hardware
 
 
@@ -27,36 +28,14 @@ def describe(policy: keras.DTypePolicy) -> str:
 
 def slow_path_warning(policy: str, flags: set[str],
                       gpu_caps: list[tuple[int, int]]) -> str | None:
-  """Why `policy` has no fast 16-bit path on this hardware, or None if it has one.
+  """Why `policy` has no fast 16-bit path on this hardware (one line), or None.
 
-  On a GPU machine the GPU decides; otherwise the CPU's flags do. float16 is fast on
-  GPUs with Tensor Cores (compute capability >= 7.0) and on CPUs with AVX512_FP16 or
-  AMX-FP16; bfloat16 on GPUs >= 8.0 and on CPUs with AVX512_BF16 or AMX-BF16.
+  The rule is the diagnosis' (mpt/detectors.py `fast_path`): warned before the run,
+  explained with measurements after it.
   """
-  if policy == "float32":
-    return None
-  half = "float16" if policy == "mixed_float16" else "bfloat16"
-  if gpu_caps:
-    need = (7, 0) if half == "float16" else (8, 0)
-    slow = [cc for cc in gpu_caps if cc < need]
-    if not slow:
-      return None
-    cc = ".".join(map(str, slow[0]))
-    return (f"{policy}: GPU compute capability {cc} has no Tensor Core {half} path "
-            f"(needs >= {need[0]}.{need[1]}); expect little or no speed-up over "
-            f"float32" + ("; try mixed_float16" if half == "bfloat16" and
-                          slow[0] >= (7, 0) else ""))
-  if half == "float16":
-    if flags & {"avx512_fp16", "amx_fp16"}:
-      return None
-    better = ("mixed_bfloat16" if flags & {"avx512_bf16", "amx_bf16"} else "float32")
-    return (f"{policy}: this CPU ({hardware.cpu_name()}) has no AVX512_FP16/AMX-FP16, "
-            f"so float16 math is emulated and runs several times slower than float32; use "
-            f"--policy={better}")
-  if flags & {"avx512_bf16", "amx_bf16"}:
-    return None
-  return (f"{policy}: this CPU ({hardware.cpu_name()}) has no AVX512_BF16/AMX-BF16, "
-          f"so bfloat16 math is emulated and is unlikely to beat float32; use --policy=float32")
+  found = detectors.fast_path(policy, flags, gpu_caps,
+                              "" if gpu_caps else f"this CPU ({hardware.cpu_name()})")
+  return f"{policy}: {found[0]}; use --policy={found[1]}" if found else None
 
 
 def warn_if_slow(policy: str) -> str | None:

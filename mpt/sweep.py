@@ -33,6 +33,7 @@ import sys
 from typing import Any
 
 from mpt import config
+from mpt import diagnose
 from mpt import sweep_report
 from mpt.errors import UserError
 
@@ -186,5 +187,6 @@ def run(cfg: config.Config) -> dict[str, Any]:
   (out / "sweep.md").write_text(table)
   plot = sweep_report.plot(rows, out / "sweep.png")
   print(table, flush=True)
-  print(f"mpt: {status}: {out} (sweep.csv, sweep.md, {plot})", flush=True)
+  diagnose.after_run(out)
+  print(f"mpt: {status}: {out} (sweep.csv, sweep.md, diagnosis.md, {plot})", flush=True)
   return {"status": status, "run_dir": str(out), "cells": len(rows)}

@@ -28,6 +28,7 @@ import tensorflow as tf
 from mpt import checkpoint
 from mpt import config
 from mpt import data as data_lib
+from mpt import diagnose
 from mpt import distribute
 from mpt import faults
 from mpt import hardware
@@ -79,6 +80,9 @@ def _summary(cfg: config.Config, run_dir: pathlib.Path, policy, data: data_lib.D
       "mfu": achieved / peak if achieved and peak else None,
       # The best matmul rate `--mode=microbench` measured here for the compute dtype.
       "microbench_gflops": measured,
+      "microbench_gflops_by_dtype": {
+          d: microbench_report.cached_gflops(d)[0]
+          for d in ("float32", "bfloat16", "float16")},
       "achieved_vs_microbench": achieved / measured if achieved and measured else None,
       "flops_share_16bit": report["flops_share_16bit"] if report else None,
       "util": sampler.stats() if sampler else None,
@@ -95,7 +99,9 @@ def _summary(cfg: config.Config, run_dir: pathlib.Path, policy, data: data_lib.D
       "skipped_file_names": data.skipped_files[:20],
       "tf_version": tf.__version__, "keras_version": keras.__version__,
       "python_version": platform.python_version(),
-      "device": hardware.device_name(), "wall_s": round(wall_s, 3),
+      "device": hardware.device_name(), "hardware": hardware.facts(),
+      "model_opts": cfg.model_opts, "input_work": cfg.input_work,
+      "wall_s": round(wall_s, 3),
       **dist.summary(cfg.batch_size),
   }
 
@@ -124,6 +130,7 @@ def _prepare(cfg: config.Config):
   keras.utils.set_random_seed(cfg.seed)
   if cfg.deterministic:
     tf.config.experimental.enable_op_determinism()
+  tf.config.experimental.enable_tensor_float_32_execution(cfg.tf32)
   policy = precision.set_policy(cfg.policy)
   print(precision.describe(policy), flush=True)
   print(f"mpt: {dist.describe()}", flush=True)
@@ -224,7 +231,7 @@ def train_and_evaluate(cfg: config.Config) -> dict[str, Any]:
   status, message = "failed", None  # Until the loop returns or is stopped.
   try:
     stop.install()
-    faults.test_oom_hook(cfg.batch_size)
+    faults.test_oom_hook(cfg.batch_size, cfg.policy)
     if sampler:
       sampler.start()
     with dist.strategy.scope():
@@ -254,8 +261,15 @@ def train_and_evaluate(cfg: config.Config) -> dict[str, Any]:
     if message:
       summary["message"] = message
     writer.write_final(summary)
-    writer.close()
     rundir.write_json(out_dir / "summary.json", summary)
+    if dist.is_chief and status != "failed":  # A failure's traceback says enough.
+      if message:
+        print(message, flush=True)
+        message = None
+      diagnosis = diagnose.after_run(run_dir)
+      if diagnosis:
+        writer.text("diagnosis/report", diagnose.format_report(diagnosis, markdown=True))
+    writer.close()
     if not dist.is_chief:
       shutil.rmtree(out_dir, ignore_errors=True)
       summary["run_dir"] = None
@@ -280,4 +294,4 @@ def _hparams(cfg: config.Config) -> dict[str, Any]:
 
 
 MODES = {"train": train_and_evaluate, "inspect": inspect.run,
-         "microbench": microbench.run, "sweep": sweep.run}
+         "microbench": microbench.run, "sweep": sweep.run, "diagnose": diagnose.run}

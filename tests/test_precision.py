@@ -27,7 +27,7 @@ def restore_policy():
     ("mixed_bfloat16", {"avx2"}, [], "no AVX512_BF16/AMX-BF16"),
     ("mixed_float16", set(), [(6, 1)], "compute capability 6.1 has no Tensor Core"),
     ("mixed_float16", set(), [(7, 0)], None),
-    ("mixed_bfloat16", {"avx512_bf16"}, [(7, 5)], "try mixed_float16"),
+    ("mixed_bfloat16", {"avx512_bf16"}, [(7, 5)], "--policy=mixed_float16"),
     ("mixed_bfloat16", set(), [(8, 0)], None),
 ])
 def test_slow_path_warning_on_fake_hardware(policy, flags, gpus, expect):

@@ -4,6 +4,7 @@ Ctrl-C, bad lists, and the seed-style table for a known CSV (golden)."""
 import csv
 import io
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -93,7 +94,12 @@ def test_ctrl_c_stops_the_running_cell_and_prints_the_partial_table(tmp_path):
       read_events(events) if events.exists() else {}):
     time.sleep(0.3)
   proc.send_signal(signal.SIGINT)  # As Ctrl-C in a terminal does (to the sweep).
-  out, err = proc.communicate(timeout=120)
+  try:
+    out, err = proc.communicate(timeout=240)
+  except subprocess.TimeoutExpired:  # Say where it hung, then fail.
+    os.killpg(proc.pid, signal.SIGKILL)
+    out, err = proc.communicate()
+    pytest.fail(f"the sweep did not stop after SIGINT:\n{out[-2000:]}\n{err[-3000:]}")
   assert proc.returncode == 130, err[-2000:]
   assert "sweep interrupted" in out and "| 4 | interrupted |" in out
   summary = json.loads((events / "summary.json").read_text())

@@ -1,0 +1,221 @@
+"""Diagnosis: why mixed precision did or did not speed a run up, from its measurements.
+
+After every training run and every sweep, and on demand
+(`python -m mpt.main --mode=diagnose --run=logs/<run>`), mpt reads the run folder
+(summary.json, flags.txt, dtypes.json, the profiler trace's op statistics, and a
+float32 run of the same configuration found next to it), runs the detectors of
+mpt/detectors.py, and prints a ranked list of findings, each with its threshold, its
+evidence and a next step. It writes `diagnosis.json` and `diagnosis.md` into the
+folder. A sweep folder is diagnosed across its cells (mpt/diagnose_sweep.py).
+"""
+
+import dataclasses
+import json
+import pathlib
+from typing import Any
+
+from absl import logging
+
+from mpt import config
+from mpt import detectors
+from mpt import opstats
+from mpt.errors import UserError
+
+REQUIRED = ("summary.json", "flags.txt")
+# A float32 run is comparable when these match (the loop is preferred, not required).
+SAME = ("model", "model_opts", "image_size", "batch_size", "dataset", "strategy",
+        "jit_compile", "device")
+
+
+def _read_json(path: pathlib.Path) -> dict[str, Any]:
+  try:
+    return json.loads(path.read_text())
+  except (OSError, ValueError) as e:
+    raise UserError(f"{path} cannot be read as JSON: {e}") from None
+
+
+def check_folder(path: pathlib.Path) -> str:
+  """'run' or 'sweep'; a UserError naming the missing file otherwise."""
+  if not path.is_dir():
+    raise UserError(f"--run={path}: no such folder")
+  if (path / "sweep.csv").is_file():
+    return "sweep"
+  missing = [name for name in REQUIRED if not (path / name).is_file()]
+  if missing:
+    what = (" (it is a --mode=microbench folder)" if (path / "microbench.json").exists()
+            else "")
+    raise UserError(f"--run={path}: missing {' and '.join(missing)}{what}; diagnose "
+                    f"takes a training run folder (summary.json, flags.txt) or a sweep "
+                    f"folder (sweep.csv)")
+  return "run"
+
+
+def find_baseline(run_dir: pathlib.Path, summary: dict[str, Any]) -> dict[str, Any] | None:
+  """The newest completed float32 run of the same configuration next to `run_dir`."""
+  if summary.get("policy") == "float32":
+    return None
+  found = []
+  for path in run_dir.parent.glob("*/summary.json"):
+    if path.parent == run_dir:
+      continue
+    try:
+      other = json.loads(path.read_text())
+    except (OSError, ValueError):
+      continue
+    if (other.get("policy") == "float32" and other.get("status") == "completed"
+        and other.get("ms_per_step")
+        and all(other.get(k) == summary.get(k) for k in SAME)):
+      found.append((other.get("loop") == summary.get("loop"), path.stat().st_mtime, other))
+  return max(found, key=lambda f: f[:2])[2] if found else None
+
+
+def load_evidence(run_dir: pathlib.Path, notes: list[str]) -> detectors.Evidence:
+  summary = _read_json(run_dir / "summary.json")
+  try:
+    flags = dataclasses.asdict(config.from_flagfile((run_dir / "flags.txt").read_text()))
+  except UserError as e:
+    raise UserError(f"{run_dir / 'flags.txt'}: {e}") from None
+  dtypes = None
+  if (run_dir / "dtypes.json").is_file():
+    dtypes = _read_json(run_dir / "dtypes.json")
+  else:
+    notes.append("dtypes.json missing (a --noinstrument run): the misaligned-shape and "
+                 "float32-work checks were skipped")
+  op_stats = None
+  try:
+    op_stats = opstats.load(run_dir, dtypes)
+  except Exception as e:  # A broken trace or no xprof: the rest still holds.
+    notes.append(f"the profiler trace could not be read ({type(e).__name__}: {e})")
+  if op_stats is None and summary.get("policy") in detectors.SIXTEEN:
+    notes.append("no profiler trace: for op-level evidence rerun with "
+                 "--profile_steps=A,B (steps after the warm-up)")
+  if not summary.get("hardware"):
+    notes.append("summary.json records no hardware facts (a run made before mpt "
+                 "recorded them): the hardware checks were skipped")
+  try:
+    from mpt import models  # Registered variants, for the "aligned" suggestion.
+    names = tuple(models.names())
+  except ImportError:
+    names = ()
+  return detectors.Evidence(summary, flags, dtypes, op_stats,
+                            find_baseline(run_dir, summary), names)
+
+
+def _figures(ev: detectors.Evidence) -> dict[str, Any]:
+  """The run's headline numbers, printed above the findings whatever they are."""
+  s, d = ev.summary, ev.dtypes or {}
+  busy, what = detectors._busy(s)
+  speedup = detectors._speedup(ev)
+  return {
+      "run": f"{s.get('model')}, {s.get('policy')}, {s.get('loop')} loop, "
+             f"{s.get('image_size')} px, batch {s.get('batch_size')}, {s.get('status')}",
+      "device": s.get("device"),
+      "ms_per_step": s.get("ms_per_step"),
+      "speedup_vs_float32": speedup,
+      "flops_share_16bit": d.get("flops_share_16bit"),
+      "flops_share_32bit": d.get("flops_share_32bit"),
+      "misaligned_flops_share": d.get("misaligned_flops_share"),
+      "data_wait_share": s.get("data_wait_share"),
+      "utilisation": busy, "utilisation_of": what,
+      "achieved_gflops": s.get("achieved_gflops"),
+      "microbench_gflops": s.get("microbench_gflops"),
+      "skipped_steps": s.get("skipped_steps"), "loss_scale": s.get("loss_scale"),
+  }
+
+
+def diagnose_run(run_dir: pathlib.Path) -> dict[str, Any]:
+  """The diagnosis of one training run folder, as written to diagnosis.json."""
+  notes: list[str] = []
+  ev = load_evidence(run_dir, notes)
+  findings, checked = [], []
+  for name, detect in detectors.DETECTORS.items():
+    if name in detectors.NEEDS and ev.dtypes is None:
+      continue
+    finding = detect(ev)
+    (findings.append(finding) if finding else checked.append(name))
+  return {"kind": "run", "run_dir": str(run_dir), "figures": _figures(ev),
+          "findings": [dataclasses.asdict(f) for f in detectors.rank(findings)],
+          "checked_clear": checked, "notes": notes,
+          "op_stats": ev.op_stats}
+
+
+def _pct(x) -> str:
+  return "n/a" if x is None else f"{x:.1%}"
+
+
+def format_report(report: dict[str, Any], markdown: bool = False) -> str:
+  """The diagnosis as text for the terminal, or as Markdown for diagnosis.md."""
+  f = report["figures"]
+  head = f"mpt: diagnosis of {report['run_dir']}"
+  lines = [f"# {head[5:]}" if markdown else head, "", f"{f['run']}; {f['device']}"]
+  figs = [f"{f['ms_per_step']:.1f} ms/step" if f["ms_per_step"] else "no timed steps"]
+  if f["speedup_vs_float32"]:
+    figs.append(f"{f['speedup_vs_float32']:.2f}x float32's speed")
+  figs += [f"16-bit FLOPs {_pct(f['flops_share_16bit'])}",
+           f"float32 FLOPs {_pct(f['flops_share_32bit'])}",
+           f"misaligned FLOPs {_pct(f['misaligned_flops_share'])}",
+           f"data wait {_pct(f['data_wait_share'])}"]
+  if f["utilisation"] is not None:
+    figs.append(f"{f['utilisation_of']} {f['utilisation']:.0%}")
+  if f["achieved_gflops"]:
+    figs.append(f"{f['achieved_gflops']:.1f} GFLOP/s achieved" + (
+        f" (matmul microbenchmark {f['microbench_gflops']:.1f})"
+        if f["microbench_gflops"] else ""))
+  lines.append("; ".join(figs))
+  lines.append("")
+  if not report["findings"]:
+    lines.append("No findings: none of the checks fired (" +
+                 ", ".join(report["checked_clear"]) + "); nothing mpt can measure is "
+                 "holding this run back.")
+  for i, g in enumerate(report["findings"], 1):
+    title = f"{i}. [{g['severity']}] {g['title']}"
+    lines.append(f"## {title}" if markdown else title)
+    lines += [f"   - {e}" for e in g["evidence"]]
+    lines.append(f"   threshold: {g['threshold']}")
+    lines.append(f"   next: {g['next_step']}")
+  if report["findings"] and report["checked_clear"]:
+    lines.append(f"checked, nothing found: {', '.join(report['checked_clear'])}")
+  for note in report["notes"]:
+    lines.append(f"note: {note}")
+  return "\n".join(lines) + "\n"
+
+
+def write(folder: pathlib.Path, report: dict[str, Any]) -> None:
+  (folder / "diagnosis.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+  (folder / "diagnosis.md").write_text(format_report(report, markdown=True))
+
+
+def diagnose_folder(path: pathlib.Path) -> dict[str, Any]:
+  """Diagnoses a run or sweep folder, writes diagnosis.json/.md there, prints it."""
+  if check_folder(path) == "sweep":
+    from mpt import diagnose_sweep
+    report = diagnose_sweep.diagnose(path)
+    text = diagnose_sweep.format_report(report)
+    (path / "diagnosis.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    (path / "diagnosis.md").write_text(diagnose_sweep.format_report(report, markdown=True))
+  else:
+    report = diagnose_run(path)
+    text = format_report(report)
+    write(path, report)
+  print(text, end="", flush=True)
+  return report
+
+
+def after_run(run_dir: pathlib.Path) -> dict[str, Any] | None:
+  """The diagnosis at the end of a run or sweep; a failure here never fails the run."""
+  try:
+    return diagnose_folder(run_dir)
+  except Exception as e:  # pylint: disable=broad-except
+    logging.error("diagnosis failed (the run's outputs are complete): %s", e)
+    print(f"mpt: diagnosis failed: {e}", flush=True)
+    return None
+
+
+def run(cfg: config.Config) -> dict[str, Any]:
+  """`--mode=diagnose --run=logs/<run>`."""
+  if not cfg.run:
+    raise UserError("--mode=diagnose needs --run=logs/<run> (a run or sweep folder)")
+  path = pathlib.Path(cfg.run).expanduser()
+  report = diagnose_folder(path)
+  return {"status": "completed", "run_dir": str(path),
+          "findings": len(report["findings"])}

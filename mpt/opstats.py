@@ -1,0 +1,98 @@
+"""Op statistics from a run's profiler trace, for the diagnosis: where step time went.
+
+A run made with `--profile_steps=A,B` holds `plugins/profile/<time>/*.xplane.pb`. The
+profile plugin's own converter (xprof, `framework_op_stats`: the "TensorFlow stats"
+page of the profile plugin) turns it into a table of ops with their self time; this
+module condenses that table into `op_stats.json` in the run folder: time share per op
+type, per layer (op names carry the layer's name scope) and the shares spent in Cast
+ops and in the layers dtypes.json lists as float32. The device's rows are used when the
+trace has any (GPU), else the host's (CPU); idle time is left out.
+"""
+
+import collections
+import contextlib
+import json
+import os
+import pathlib
+import re
+import tempfile
+from typing import Any
+
+
+def find_trace(run_dir: pathlib.Path) -> pathlib.Path | None:
+  """The newest trace in the run folder, or None."""
+  traces = sorted(run_dir.glob("plugins/profile/*/*.xplane.pb"))
+  return traces[-1] if traces else None
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+  """xprof's C++ logging writes a line per stage to fd 2; keep it unless it fails."""
+  saved = os.dup(2)
+  with tempfile.TemporaryFile() as sink:
+    os.dup2(sink.fileno(), 2)
+    try:
+      yield
+    finally:
+      os.dup2(saved, 2)
+      os.close(saved)
+
+
+def framework_op_stats(trace: pathlib.Path) -> list[dict[str, Any]]:
+  """The profile plugin's op table for `trace`: one dict per (op, host or device)."""
+  from xprof.convert import raw_to_tool_data  # The profile plugin's converter.
+  with _quiet_stderr():
+    data, _ = raw_to_tool_data.xspace_to_tool_data([str(trace)], "framework_op_stats", {})
+  if not data:
+    raise ValueError(f"xprof could not convert {trace}")
+  table = json.loads(data)[0]
+  cols = [c["id"] for c in table["cols"]]
+  return [dict(zip(cols, (c.get("v") for c in row["c"]))) for row in table["rows"]]
+
+
+def _layer_of(op_name: str, layers: set[str]) -> str | None:
+  """The model layer an op belongs to, from its name scope (`model_1/conv1_1/...`)."""
+  for part in op_name.split("/"):
+    if part in layers:
+      return part
+    base = re.sub(r"_\d+$", "", part)  # Keras adds `_1` to a scope entered again.
+    if base in layers:
+      return base
+  return None
+
+
+def condense(rows: list[dict[str, Any]], dtypes: dict[str, Any] | None,
+             trace: str = "") -> dict[str, Any]:
+  """Shares of op self time by type and layer, Cast time and float32-layer time."""
+  where = "Device" if any(r["host_or_device"] == "Device" for r in rows) else "Host"
+  ops = [r for r in rows if r["host_or_device"] == where and r["type"] != "IDLE"]
+  total = sum(r["total_self_time"] for r in ops) or 1.0
+  by_type, by_layer = collections.Counter(), collections.Counter()
+  layers = {l["name"] for l in (dtypes or {}).get("layers", [])}
+  f32_layers = {l["name"] for l in (dtypes or {}).get("float32_layers", [])}
+  for r in ops:
+    by_type[r["type"]] += r["total_self_time"]
+    layer = _layer_of(r["operation"], layers)
+    if layer:
+      by_layer[layer] += r["total_self_time"]
+  cast = by_type.get("Cast", 0.0)
+  return {
+      "trace": trace, "rows": where, "op_time_ms": total / 1e3,
+      "top_ops": [{"type": t, "share": us / total, "ms": us / 1e3}
+                  for t, us in by_type.most_common(10)],
+      "layer_time_share": {l: us / total for l, us in by_layer.most_common(10)},
+      "cast_time_share": cast / total,
+      "float32_time_share": sum(by_layer[l] for l in f32_layers) / total,
+  }
+
+
+def load(run_dir: pathlib.Path, dtypes: dict[str, Any] | None) -> dict[str, Any] | None:
+  """op_stats.json of the run (made from its newest trace if missing or older), or None."""
+  out, trace = run_dir / "op_stats.json", find_trace(run_dir)
+  if out.exists() and (trace is None or out.stat().st_mtime >= trace.stat().st_mtime):
+    return json.loads(out.read_text())
+  if trace is None:
+    return None
+  stats = condense(framework_op_stats(trace), dtypes, str(trace.relative_to(run_dir)))
+  out.write_text(json.dumps(stats, indent=2) + "\n")
+  return stats
