@@ -10,6 +10,8 @@ detectors are tested on recorded run folders and on their threshold edges
 import dataclasses
 from typing import Any, Callable
 
+from mpt import hardware as hardware_lib
+
 # Thresholds, in one place: the report prints each next to its finding.
 INPUT_WAIT_SHARE = 0.10      # data-wait share of step time: input bound at or above
 UTILISATION = 0.50           # busy share of the device below which a run is starved
@@ -17,7 +19,7 @@ MISALIGNED_SHARE = 0.05      # forward-FLOP share in layers with dims not multip
 FLOAT32_FLOP_SHARE = 0.10    # forward-FLOP share left in float32 under a 16-bit policy
 FLOAT32_TIME_SHARE = 0.10    # traced op time in float32 layers and casts
 SKIPPED_SHARE = 0.02         # skipped (non-finite) steps, share of steps run ...
-SETTLING_SKIPS = 5           # ... beyond these: a dynamic scale starts at 2**15 and
+SETTLING_SKIPS = 2           # ... beyond these: a dynamic scale starts at 2**15 and
                              # halves (skipping a step) until the gradients fit
 SMALL_STEP_MS = 30.0         # a step this short is mostly per-op launch overhead
 MIN_SCALE = 1.0              # a dynamic loss scale below this has collapsed
@@ -25,7 +27,7 @@ ACHIEVED_VS_MICROBENCH = 0.10  # achieved FLOP rate / measured matmul rate
 SLOWER_THAN_FLOAT32 = 1.0    # 16-bit speed-up over float32 below this: no gain
 
 SEVERITY = ("high", "medium", "low")
-SIXTEEN = {"mixed_float16": "float16", "mixed_bfloat16": "bfloat16"}
+SIXTEEN = hardware_lib.SIXTEEN
 
 
 @dataclasses.dataclass
@@ -48,39 +50,6 @@ class Evidence:
   op_stats: dict[str, Any] | None = None
   baseline: dict[str, Any] | None = None  # float32 summary of the same configuration
   model_names: tuple[str, ...] = ()
-
-
-def fast_path(policy: str, flags: set[str], gpu_caps: list[tuple[int, int]],
-              cpu_name: str = "this CPU") -> tuple[str, str] | None:
-  """(why `policy` has no fast 16-bit path here, the policy to use) or None.
-
-  On a GPU machine the GPU decides; otherwise the CPU's flags do. float16 is fast on
-  GPUs with Tensor Cores (compute capability >= 7.0) and on CPUs with AVX512_FP16 or
-  AMX-FP16; bfloat16 on GPUs >= 8.0 and on CPUs with AVX512_BF16 or AMX-BF16.
-  """
-  half = SIXTEEN.get(policy)
-  if half is None:
-    return None
-  if gpu_caps:
-    need = (7, 0) if half == "float16" else (8, 0)
-    slow = [tuple(cc) for cc in gpu_caps if tuple(cc) < need]
-    if not slow:
-      return None
-    cc = ".".join(map(str, slow[0]))
-    better = "mixed_float16" if half == "bfloat16" and slow[0] >= (7, 0) else "float32"
-    return (f"GPU compute capability {cc} has no Tensor Core {half} path (needs >= "
-            f"{need[0]}.{need[1]}): expect no speed-up over float32", better)
-  bf16_fast = bool(flags & {"avx512_bf16", "amx_bf16"})
-  if half == "float16":
-    if flags & {"avx512_fp16", "amx_fp16"}:
-      return None
-    return (f"{cpu_name} has no AVX512_FP16/AMX-FP16, so float16 math is emulated "
-            f"(converted to float32 and back) and runs slower than float32",
-            "mixed_bfloat16" if bf16_fast else "float32")
-  if bf16_fast:
-    return None
-  return (f"{cpu_name} has no AVX512_BF16/AMX-BF16, so bfloat16 math is emulated "
-          f"(converted to float32 and back) and is unlikely to beat float32", "float32")
 
 
 def _speedup(ev: Evidence) -> float | None:
@@ -106,7 +75,7 @@ def hardware(ev: Evidence) -> Finding | None:
   s, hw = ev.summary, ev.summary.get("hardware") or {}
   policy = s.get("policy")
   caps = [g["compute_capability"] for g in hw.get("gpus", []) if g.get("compute_capability")]
-  found = fast_path(policy, set(hw.get("cpu_flags", [])), caps, hw.get("cpu", "this CPU"))
+  found = hardware_lib.fast_path(policy, set(hw.get("cpu_flags", [])), caps, hw.get("cpu", "this CPU"))
   if not found:
     return None
   reason, better = found
@@ -156,9 +125,11 @@ def tf32(ev: Evidence) -> Finding | None:
 
 def _busy(s: dict[str, Any]) -> tuple[float | None, str]:
   """(busy share of the training device, what was measured), from the sampler."""
-  util = s.get("util") or {}
+  util, hw = s.get("util") or {}, s.get("hardware") or {}
   if "gpu_percent" in util:
     return util["gpu_percent"]["mean"] / 100, "GPU utilisation"
+  if hw.get("gpus"):  # Trained on a GPU, not sampled (no NVML): CPU use says nothing.
+    return None, ""
   cpu, cores = util.get("process_cpu_percent"), (s.get("hardware") or {}).get("cpu_count")
   if cpu and cores:
     return cpu["mean"] / (100 * cores), f"process CPU use over {cores} cores"
@@ -224,30 +195,37 @@ def misaligned(ev: Evidence) -> Finding | None:
   s, d = ev.summary, ev.dtypes
   if s.get("policy") not in SIXTEEN or not d:
     return None
+  names = d.get("misaligned_layers", [])
   share = d.get("misaligned_flops_share", 0.0)
+  layer_time = (ev.op_stats or {}).get("layer_time_share", {})
+  time_share = sum(layer_time.get(n, 0.0) for n in names)
   per_replica = s.get("per_replica_batch") or s.get("batch_size") or 0
-  if share < MISALIGNED_SHARE and per_replica % 8 == 0:
+  shapes = max(share, time_share) >= MISALIGNED_SHARE
+  if not shapes and per_replica % 8 == 0:
     return None
   rows = {r["name"]: r for r in d.get("layers", [])}
   total = d.get("forward_flops_per_example") or 1
-  evidence = [f"{name} ({rows[name]['class']}, {rows[name]['dims']}): "
-              f"{rows[name]['flops'] / total:.1%} of forward FLOPs"
-              for name in d.get("misaligned_layers", []) if name in rows]
-  evidence.append(f"{share:.1%} of forward FLOPs in layers whose channels/units are "
-                  f"not multiples of 8")
+  evidence = [f"{n} ({rows[n]['class']}, {rows[n]['dims']}): {rows[n]['flops'] / total:.1%}"
+              f" of forward FLOPs" + (f", {layer_time[n]:.1%} of traced op time"
+                                      if n in layer_time else "")
+              for n in names if n in rows]
+  evidence.append(f"{share:.1%} of forward FLOPs" + (
+      f" and {time_share:.1%} of traced op time" if layer_time else "")
+      + " in layers whose channels/units are not multiples of 8")
   if per_replica % 8:
     evidence.append(f"batch size {per_replica} per replica is not a multiple of 8")
   aligned = f"{s.get('model')}_aligned"
-  if share >= MISALIGNED_SHARE and aligned in ev.model_names:
+  if shapes and aligned in ev.model_names:
     step = f"--model={aligned} (pads the input channels to 8)"
-  elif share >= MISALIGNED_SHARE:
+  elif shapes:
     step = ("pad the misaligned layers' channels/units to multiples of 8 (as "
             "PadChannels in mpt/models/convnets.py does)")
   else:
     step = f"--batch_size={(per_replica // 8 + 1) * 8 * (s.get('replicas') or 1)}"
-  return Finding("misaligned", "medium", share, "misaligned shapes for 16-bit units",
-                 f"misaligned FLOP share >= {MISALIGNED_SHARE:.0%}, or a batch not a "
-                 f"multiple of 8", evidence, step)
+  return Finding("misaligned", "medium", max(share, time_share),
+                 "misaligned shapes for 16-bit units",
+                 f"misaligned share of forward FLOPs or of traced op time >= "
+                 f"{MISALIGNED_SHARE:.0%}, or a batch not a multiple of 8", evidence, step)
 
 
 def float32_work(ev: Evidence) -> Finding | None:

@@ -24,7 +24,7 @@ from mpt.errors import UserError
 REQUIRED = ("summary.json", "flags.txt")
 # A float32 run is comparable when these match (the loop is preferred, not required).
 SAME = ("model", "model_opts", "image_size", "batch_size", "dataset", "strategy",
-        "jit_compile", "device")
+        "jit_compile", "device", "input_work")
 
 
 def _read_json(path: pathlib.Path) -> dict[str, Any]:
@@ -102,25 +102,74 @@ def load_evidence(run_dir: pathlib.Path, notes: list[str]) -> detectors.Evidence
 
 
 def _figures(ev: detectors.Evidence) -> dict[str, Any]:
-  """The run's headline numbers, printed above the findings whatever they are."""
-  s, d = ev.summary, ev.dtypes or {}
+  """The run's measured figures, printed above the findings whatever they are."""
+  s, d, ops = ev.summary, ev.dtypes or {}, ev.op_stats or {}
   busy, what = detectors._busy(s)
-  speedup = detectors._speedup(ev)
+  rows = {r["name"]: r for r in d.get("layers", [])}
+  total = d.get("forward_flops_per_example") or 1
+  layer_time = ops.get("layer_time_share", {})
+  per_layer = lambda names: [
+      {"name": n, "dims": rows[n]["dims"], "flops_share": rows[n]["flops"] / total,
+       "time_share": layer_time.get(n)} for n in names if n in rows]
   return {
       "run": f"{s.get('model')}, {s.get('policy')}, {s.get('loop')} loop, "
              f"{s.get('image_size')} px, batch {s.get('batch_size')}, {s.get('status')}",
       "device": s.get("device"),
       "ms_per_step": s.get("ms_per_step"),
-      "speedup_vs_float32": speedup,
+      "speedup_vs_float32": detectors._speedup(ev),
+      "baseline_ms_per_step": (ev.baseline or {}).get("ms_per_step"),
+      "baseline_run": (ev.baseline or {}).get("run_dir"),
       "flops_share_16bit": d.get("flops_share_16bit"),
       "flops_share_32bit": d.get("flops_share_32bit"),
+      "float32_layers": per_layer([l["name"] for l in d.get("float32_layers", [])]),
+      "float32_time_share": ops.get("float32_time_share"),
+      "cast_time_share": ops.get("cast_time_share"),
       "misaligned_flops_share": d.get("misaligned_flops_share"),
+      "misaligned_layers": per_layer(d.get("misaligned_layers", [])),
       "data_wait_share": s.get("data_wait_share"),
       "utilisation": busy, "utilisation_of": what,
       "achieved_gflops": s.get("achieved_gflops"),
       "microbench_gflops": s.get("microbench_gflops"),
       "skipped_steps": s.get("skipped_steps"), "loss_scale": s.get("loss_scale"),
   }
+
+
+def _layers(layers: list[dict[str, Any]]) -> str:
+  return ", ".join(f"{l['name']}{' ' + l['dims'] if l['dims'] else ''} "
+                   f"{l['flops_share']:.1%}" + (f" / {l['time_share']:.1%} of time"
+                                                if l["time_share"] is not None else "")
+                   for l in layers[:6])
+
+
+def format_figures(f: dict[str, Any]) -> list[str]:
+  """Speed, precision, shapes, input and loss scale, one line each."""
+  speed = f"{f['ms_per_step']:.1f} ms/step" if f["ms_per_step"] else "no timed steps"
+  if f["speedup_vs_float32"]:
+    speed += (f", {f['speedup_vs_float32']:.2f}x float32's speed (float32: "
+              f"{f['baseline_ms_per_step']:.1f} ms/step in {f['baseline_run']})")
+  if f["achieved_gflops"]:
+    speed += f"; {f['achieved_gflops']:.1f} GFLOP/s achieved" + (
+        f", matmul microbenchmark {f['microbench_gflops']:.1f}"
+        if f["microbench_gflops"] else "")
+  precision = (f"16-bit FLOPs {_pct(f['flops_share_16bit'])}, float32 FLOPs "
+               f"{_pct(f['flops_share_32bit'])}")
+  if f["float32_layers"] and f["flops_share_16bit"]:
+    precision += f" ({_layers(f['float32_layers'])})"
+  if f["cast_time_share"] is not None:
+    precision += (f"; traced time in float32 layers {_pct(f['float32_time_share'])}, "
+                  f"in Cast ops {_pct(f['cast_time_share'])}")
+  shapes = f"misaligned (not multiples of 8) {_pct(f['misaligned_flops_share'])} of FLOPs"
+  if f["misaligned_layers"]:
+    shapes += f": {_layers(f['misaligned_layers'])}"
+  data = f"data wait {_pct(f['data_wait_share'])} of step time"
+  if f["utilisation"] is not None:
+    data += f"; {f['utilisation_of']} {f['utilisation']:.0%}"
+  lines = [f"speed:     {speed}", f"precision: {precision}", f"shapes:    {shapes}",
+           f"input:     {data}"]
+  if f["loss_scale"] is not None:
+    lines.append(f"scaling:   loss scale {f['loss_scale']:g}, {f['skipped_steps']} "
+                 f"steps skipped")
+  return lines
 
 
 def diagnose_run(run_dir: pathlib.Path) -> dict[str, Any]:
@@ -148,20 +197,7 @@ def format_report(report: dict[str, Any], markdown: bool = False) -> str:
   f = report["figures"]
   head = f"mpt: diagnosis of {report['run_dir']}"
   lines = [f"# {head[5:]}" if markdown else head, "", f"{f['run']}; {f['device']}"]
-  figs = [f"{f['ms_per_step']:.1f} ms/step" if f["ms_per_step"] else "no timed steps"]
-  if f["speedup_vs_float32"]:
-    figs.append(f"{f['speedup_vs_float32']:.2f}x float32's speed")
-  figs += [f"16-bit FLOPs {_pct(f['flops_share_16bit'])}",
-           f"float32 FLOPs {_pct(f['flops_share_32bit'])}",
-           f"misaligned FLOPs {_pct(f['misaligned_flops_share'])}",
-           f"data wait {_pct(f['data_wait_share'])}"]
-  if f["utilisation"] is not None:
-    figs.append(f"{f['utilisation_of']} {f['utilisation']:.0%}")
-  if f["achieved_gflops"]:
-    figs.append(f"{f['achieved_gflops']:.1f} GFLOP/s achieved" + (
-        f" (matmul microbenchmark {f['microbench_gflops']:.1f})"
-        if f["microbench_gflops"] else ""))
-  lines.append("; ".join(figs))
+  lines += [f"- {l}" if markdown else l for l in format_figures(f)]
   lines.append("")
   if not report["findings"]:
     lines.append("No findings: none of the checks fired (" +

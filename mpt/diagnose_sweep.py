@@ -13,6 +13,7 @@ import pathlib
 from typing import Any
 
 from mpt import detectors
+from mpt import hardware
 from mpt import sweep_report
 
 SCALING = 0.5  # step-time growth / batch growth below this: overhead dominates
@@ -48,11 +49,11 @@ def speedups(folder: pathlib.Path, rows) -> list[detectors.Finding]:
     xs = [x for x, _ in cells]
     if max(xs) >= detectors.SLOWER_THAN_FLOAT32:
       continue
-    evidence = [f"{policy} vs float32 in {len(cells)} cells: {min(xs):.2f}x to "
+    evidence = [f"{policy} vs float32 in {len(cells)} cell(s): {min(xs):.2f}x to "
                 f"{max(xs):.2f}x float32's speed"]
     evidence += [f"batch {r['batch_size']}, {r['loop']}: {x:.2f}x" for x, r in cells[:6]]
     hw = _hardware(folder, rows)
-    reason = detectors.fast_path(policy, set(hw.get("cpu_flags", [])),
+    reason = hardware.fast_path(policy, set(hw.get("cpu_flags", [])),
                                  [g["compute_capability"] for g in hw.get("gpus", [])
                                   if g.get("compute_capability")], hw.get("cpu", "this CPU"))
     if reason:
@@ -82,10 +83,11 @@ def memory(rows) -> list[detectors.Finding]:
   for r in rows:
     groups[_key(r)].append(r)
   for key, cells in groups.items():
-    oom32 = sorted(int(r["batch_size"]) for r in cells
+    oom32 = sorted((int(r["batch_size"]), r.get("error") or "") for r in cells
                    if r["policy"] == "float32" and r["status"] == "OOM")
     if not oom32:
       continue
+    (oom_batch, error), oom32 = oom32[0], [b for b, _ in oom32]
     fit32 = max((int(r["batch_size"]) for r in cells
                  if r["policy"] == "float32" and r["status"] == "ok"), default=None)
     for policy in detectors.SIXTEEN:
@@ -97,8 +99,9 @@ def memory(rows) -> list[detectors.Finding]:
             f"memory:{policy}", "low", 0.0,
             f"{policy} fits batch {fits[-1]} where float32 ran out of memory",
             "a float32 cell OOM and a 16-bit cell of that batch size or larger ok",
-            [f"{key[0]} {key[1]} px {key[2]}: float32 OOM at batch {oom32[0]}; largest "
-             f"float32 batch that fit: {fit32}", f"{policy} ran batch(es) {fits}"],
+            [f"{key[0]} {key[1]} px {key[2]}: float32 OOM at batch {oom_batch} "
+             f"({error[:120]}); largest float32 batch that fit: {fit32}",
+             f"{policy} ran batch(es) {fits}"],
             f"--policy={policy} --batch_size={fits[-1]} (check accuracy at that batch)"))
   return findings
 
@@ -154,6 +157,7 @@ def format_report(report: dict[str, Any], markdown: bool = False) -> str:
     lines += [f"   - {e}" for e in g["evidence"]]
     lines += [f"   threshold: {g['threshold']}", f"   next: {g['next_step']}"]
   lines += ["", "| cell | status | ms/step | top finding |", "|---|---|---|---|"]
-  lines += [f"| {c['cell']} | {c['status']} | {c['ms_per_step'] or ''} | {c['top']} |"
-            for c in report["cells"]]
+  for c in report["cells"]:
+    ms = f"{float(c['ms_per_step']):.1f}" if c["ms_per_step"] else ""
+    lines.append(f"| {c['cell']} | {c['status']} | {ms} | {c['top']} |")
   return "\n".join(lines) + "\n"

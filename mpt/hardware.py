@@ -1,15 +1,17 @@
 """What the machine is: CPU features and name, GPUs and their compute capability, and
 the peak FLOP rate a run's achieved rate is compared against (MFU).
 
-Everything here reads the machine without assuming a GPU: on a CPU-only box the GPU
+TensorFlow is imported only by the functions that ask it about devices, so that
+`fast_path` (the rule for which hardware runs which 16-bit type fast) serves the
+diagnosis without it. Everything here reads the machine without assuming a GPU: on a CPU-only box the GPU
 functions return empty lists, and code paths that need NVML degrade to "absent".
 """
 
 import os
 
-import tensorflow as tf
-
 from mpt.microbench import isa
+
+SIXTEEN = {"mixed_float16": "float16", "mixed_bfloat16": "bfloat16"}
 
 
 def cpu_flags() -> set[str]:
@@ -19,6 +21,39 @@ def cpu_flags() -> set[str]:
 
 def cpu_name() -> str:
   return isa.detect().name
+
+
+def fast_path(policy: str, flags: set[str], gpu_caps: list[tuple[int, int]],
+              cpu_name: str = "this CPU") -> tuple[str, str] | None:
+  """(why `policy` has no fast 16-bit path here, the policy to use) or None.
+
+  On a GPU machine the GPU decides; otherwise the CPU's flags do. float16 is fast on
+  GPUs with Tensor Cores (compute capability >= 7.0) and on CPUs with AVX512_FP16 or
+  AMX-FP16; bfloat16 on GPUs >= 8.0 and on CPUs with AVX512_BF16 or AMX-BF16.
+  """
+  half = SIXTEEN.get(policy)
+  if half is None:
+    return None
+  if gpu_caps:
+    need = (7, 0) if half == "float16" else (8, 0)
+    slow = [tuple(cc) for cc in gpu_caps if tuple(cc) < need]
+    if not slow:
+      return None
+    cc = ".".join(map(str, slow[0]))
+    better = "mixed_float16" if half == "bfloat16" and slow[0] >= (7, 0) else "float32"
+    return (f"GPU compute capability {cc} has no Tensor Core {half} path (needs >= "
+            f"{need[0]}.{need[1]}): expect no speed-up over float32", better)
+  bf16_fast = bool(flags & {"avx512_bf16", "amx_bf16"})
+  if half == "float16":
+    if flags & {"avx512_fp16", "amx_fp16"}:
+      return None
+    return (f"{cpu_name} has no AVX512_FP16/AMX-FP16, so float16 math is emulated "
+            f"(converted to float32 and back) and runs slower than float32",
+            "mixed_bfloat16" if bf16_fast else "float32")
+  if bf16_fast:
+    return None
+  return (f"{cpu_name} has no AVX512_BF16/AMX-BF16, so bfloat16 math is emulated "
+          f"(converted to float32 and back) and is unlikely to beat float32", "float32")
 
 
 def gpu_compute_capabilities() -> list[tuple[int, int]]:
@@ -33,6 +68,7 @@ def gpu_names() -> list[str]:
 
 def facts() -> dict:
   """What a diagnosis needs to know about the machine a run used (summary.json)."""
+  import tensorflow as tf
   cpu = isa.detect()
   return {
       "cpu": cpu.name, "cpu_count": os.cpu_count(),
@@ -45,6 +81,7 @@ def facts() -> dict:
 
 
 def _gpu_details() -> list[tuple[str, tuple[int, int] | None]]:
+  import tensorflow as tf
   out = []
   for gpu in tf.config.list_physical_devices("GPU"):
     details = tf.config.experimental.get_device_details(gpu)
@@ -54,6 +91,7 @@ def _gpu_details() -> list[tuple[str, tuple[int, int] | None]]:
 
 
 def device_name() -> str:
+  import tensorflow as tf
   gpus = tf.config.list_physical_devices("GPU")
   if gpus:
     details = tf.config.experimental.get_device_details(gpus[0])
@@ -78,6 +116,7 @@ GPU_PEAK_TFLOPS = {
 
 def peak_gflops(dtype: str) -> tuple[float | None, str]:
   """(peak GFLOP/s for `dtype` on this machine's training device, where it came from)."""
+  import tensorflow as tf
   gpus = tf.config.list_physical_devices("GPU")
   if gpus:
     name = tf.config.experimental.get_device_details(gpus[0]).get("device_name", "")

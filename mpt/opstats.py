@@ -80,7 +80,7 @@ def condense(rows: list[dict[str, Any]], dtypes: dict[str, Any] | None,
       "trace": trace, "rows": where, "op_time_ms": total / 1e3,
       "top_ops": [{"type": t, "share": us / total, "ms": us / 1e3}
                   for t, us in by_type.most_common(10)],
-      "layer_time_share": {l: us / total for l, us in by_layer.most_common(10)},
+      "layer_time_share": {l: us / total for l, us in by_layer.most_common()},
       "cast_time_share": cast / total,
       "float32_time_share": sum(by_layer[l] for l in f32_layers) / total,
   }

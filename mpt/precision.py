@@ -11,7 +11,6 @@ float32's range and needs no loss scaling.
 from absl import logging
 import keras
 
-from mpt import detectors
 from mpt import hardware
 
 
@@ -33,7 +32,7 @@ def slow_path_warning(policy: str, flags: set[str],
   The rule is the diagnosis' (mpt/detectors.py `fast_path`): warned before the run,
   explained with measurements after it.
   """
-  found = detectors.fast_path(policy, flags, gpu_caps,
+  found = hardware.fast_path(policy, flags, gpu_caps,
                               "" if gpu_caps else f"this CPU ({hardware.cpu_name()})")
   return f"{policy}: {found[0]}; use --policy={found[1]}" if found else None
 

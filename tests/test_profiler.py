@@ -33,6 +33,13 @@ def test_window_writes_an_xplane_trace(tiny, loop):
   summary = train.train_and_evaluate(tiny(loop=loop, epochs=1, profile_steps="4,6"))
   traces = list(pathlib.Path(summary["run_dir"]).glob("plugins/profile/*/*.xplane.pb"))
   assert len(traces) == 1 and traces[0].stat().st_size > 1000
+  # The run's diagnosis read the trace with the profile plugin's converter.
+  stats = json.loads((pathlib.Path(summary["run_dir"]) / "op_stats.json").read_text())
+  types = {o["type"] for o in stats["top_ops"]}
+  assert stats["rows"] == "Host" and stats["op_time_ms"] > 0
+  assert types & {"Conv2D", "_FusedConv2D", "Conv2DBackpropFilter", "Conv2DBackpropInput"}
+  assert {"conv1", "conv2", "conv3"} <= set(stats["layer_time_share"])
+  assert sum(stats["layer_time_share"].values()) <= 1.0 + 1e-9
 
 
 def _free_port() -> int:

@@ -68,6 +68,11 @@ def test_train_writes_summary_and_events(tiny, loop, policy):
   assert times["p10"] <= times["median"] <= times["p90"]
   assert 0 <= summary["data_wait_share"] < 1
   assert summary["util"]["rss_mb"]["max"] >= summary["util"]["rss_mb"]["mean"] > 0
+  # Every run ends with its diagnosis: files, and the report in TensorBoard.
+  diagnosis = json.loads(open(f"{run_dir}/diagnosis.json").read())
+  assert diagnosis["kind"] == "run" and diagnosis["figures"]["ms_per_step"] == summary["ms_per_step"]
+  assert "diagnosis/report" in read_events(run_dir)
+  assert summary["hardware"]["cpu_count"] >= 1 and summary["hardware"]["gpus"] == []
   assert summary["gpu_util_absent"] == "no GPU visible to TensorFlow"
   assert summary["achieved_gflops"] > 0 and summary["flops_per_step"] > 0
   assert 0 < summary["mfu"] < 1.5 and "estimate" in summary["peak_source"]
