@@ -4,7 +4,7 @@
 #   bash experiments/diagnose_acceptance.sh [LOGDIR]     (default logs/diagnose)
 #
 # Expected runtime on the 2-core development machine (Zen 3, AVX2, no AVX512_BF16):
-# about 25 minutes, most of it the mixed_bfloat16 run (~3 s/step, emulated bfloat16).
+# about 20 minutes (19.5 measured), most of it the mixed_bfloat16 run (~3.2 s/step).
 # Expected result (each run's diagnosis.md; the recorded fixtures in tests/data/runs/
 # were copied from these folders):
 #   f32_fit     the default run: no findings

@@ -152,6 +152,10 @@ def run_cell(cfg: config.Config, cell: dict[str, Any], out: pathlib.Path,
   return {**row, "status": "ok", **sweep_report.from_summary(run_dir / "summary.json")}
 
 
+def _stop(signum, frame):
+  raise KeyboardInterrupt
+
+
 def run(cfg: config.Config) -> dict[str, Any]:
   """`--mode=sweep`: runs the missing cells, then writes and prints the report."""
   config.validate(cfg)
@@ -165,6 +169,10 @@ def run(cfg: config.Config) -> dict[str, Any]:
   print(f"mpt: sweep of {len(todo)} cells in {out} ({len(done)} already finished)",
         flush=True)
   rows, status = [], "completed"
+  # Ctrl-C and SIGTERM stop the sweep (and the running cell) even when SIGINT was
+  # inherited as ignored, as it is for a job started with `&` from a script or CI
+  # runner: Python then installs no KeyboardInterrupt handler of its own.
+  previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGINT, signal.SIGTERM)}
   try:
     for i, cell in enumerate(todo, 1):
       name = cell_id(cell)
@@ -183,6 +191,9 @@ def run(cfg: config.Config) -> dict[str, Any]:
     status = "interrupted"
     print("\nmpt: sweep interrupted; the table holds the cells so far (the same "
           "command resumes)", flush=True)
+  finally:
+    for sig, handler in previous.items():
+      signal.signal(sig, handler)
   table = sweep_report.markdown(rows)
   (out / "sweep.md").write_text(table)
   plot = sweep_report.plot(rows, out / "sweep.png")
