@@ -87,7 +87,9 @@ def test_ctrl_c_stops_the_running_cell_and_prints_the_partial_table(tmp_path):
        "--synthetic_px=20", "--epochs=1000", "--steps_per_epoch=2", "--run_name=s",
        f"--data_dir={tmp_path}/data", f"--logdir={tmp_path}/logs"],
       cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-      start_new_session=True)
+      start_new_session=True,
+      # Started as `&` in a script starts it (and as CI runners may): SIGINT ignored.
+      preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
   events = tmp_path / "logs" / "s" / "cells" / "seed_convnet_16px_b4_float32_fit"
   deadline = time.time() + 180
   while time.time() < deadline and "train/loss" not in (
