@@ -88,7 +88,7 @@ def hardware(ev: Evidence) -> Finding | None:
   top = (ev.op_stats or {}).get("top_ops") or []
   if top:
     evidence.append("most traced op time: " + ", ".join(
-        f"{o['type']} {o['share']:.0%}" for o in top[:4]))
+        f"{o['type']} {o['share']:.1%}" for o in top[:4]))
   x = _speedup(ev)
   if better == "float32":
     step = "--policy=float32"
@@ -291,9 +291,7 @@ def slower_than_float32(ev: Evidence) -> Finding | None:
     return None
   return Finding("no_speedup", "medium", 1 - x, "no speed-up over float32",
                  f"speed-up over float32 < {SLOWER_THAN_FLOAT32:g}x",
-                 [_baseline_line(ev)],
-                 "--profile_steps=A,B and rerun --mode=diagnose: the op statistics "
-                 "show where the 16-bit step spends its time")
+                 [_baseline_line(ev)], _where_time_goes(ev))
 
 
 def achieved_rate(ev: Evidence) -> Finding | None:
@@ -306,8 +304,18 @@ def achieved_rate(ev: Evidence) -> Finding | None:
       f"achieved FLOP rate < {ACHIEVED_VS_MICROBENCH:.0%} of the microbenchmark's",
       [f"{s['achieved_gflops']:.1f} GFLOP/s achieved vs {s['microbench_gflops']:.1f} "
        f"GFLOP/s measured for {s.get('compute_dtype')} matmuls ({ratio:.0%})"],
-      "the time goes to work other than large matmuls: --profile_steps=A,B, then "
-      "--mode=diagnose lists the op types that take it")
+      _where_time_goes(ev))
+
+
+def _where_time_goes(ev: Evidence) -> str:
+  """The next step when time is lost somewhere: the trace's top ops, or a trace."""
+  top = (ev.op_stats or {}).get("top_ops") or []
+  if top:
+    return ("the trace puts the time in " + ", ".join(
+        f"{o['type']} ({o['share']:.0%})" for o in top[:2]) + ": speed those up or "
+        "move them to a dtype/device with a fast kernel")
+  return ("--profile_steps=A,B, then --mode=diagnose lists the op types that take "
+          "the time")
 
 
 DETECTORS: dict[str, Callable[[Evidence], Finding | None]] = {
