@@ -1,16 +1,18 @@
 """The diagnosis' detectors: each reads one kind of measured evidence from a run folder
 and returns a `Finding` (or None), with its threshold, its numbers and a next step.
 
-Pure functions over plain data (summary.json, flags.txt, dtypes.json, the profiler's
-op statistics, a float32 run of the same configuration): no TensorFlow here, so the
-detectors are tested on recorded run folders and on their threshold edges
-(tests/test_diagnose.py). `mpt/diagnose.py` gathers the evidence, ranks and reports.
+Pure functions over the evidence mpt/evidence.py reads (summary.json, flags.txt,
+dtypes.json, the profiler's op statistics, a float32 run of the same configuration):
+no TensorFlow here, so the detectors are tested on recorded run folders and on their
+threshold edges (tests/test_diagnose.py). mpt/diagnose.py ranks and reports.
 """
 
 import dataclasses
-from typing import Any, Callable
+from typing import Callable
 
+from mpt import evidence as evidence_lib
 from mpt import hardware as hardware_lib
+from mpt.evidence import Evidence
 
 # Thresholds, in one place: the report prints each next to its finding.
 INPUT_WAIT_SHARE = 0.10      # data-wait share of step time: input bound at or above
@@ -41,29 +43,12 @@ class Finding:
   next_step: str
 
 
-@dataclasses.dataclass
-class Evidence:
-  """Everything the detectors may read about one run."""
-  summary: dict[str, Any]
-  flags: dict[str, Any]
-  dtypes: dict[str, Any] | None = None
-  op_stats: dict[str, Any] | None = None
-  baseline: dict[str, Any] | None = None  # float32 summary of the same configuration
-  model_names: tuple[str, ...] = ()
-
-
-def _speedup(ev: Evidence) -> float | None:
-  """float32 ms/step over this run's: > 1 means this run is faster."""
-  ms, base = ev.summary.get("ms_per_step"), (ev.baseline or {}).get("ms_per_step")
-  return base / ms if ms and base else None
-
-
 def _baseline_line(ev: Evidence) -> str:
   s, b = ev.summary, ev.baseline
   if not b:
     return ("no float32 run of this configuration next to this one: measure it with "
             "the same flags and --policy=float32")
-  x = _speedup(ev)
+  x = evidence_lib.speedup(ev)
   same_loop = "" if b.get("loop") == s.get("loop") else f" ({b.get('loop')} loop)"
   return (f"{s['ms_per_step']:.1f} ms/step vs {b['ms_per_step']:.1f} under float32"
           f"{same_loop} in {b.get('run_dir')}: {x:.2f}x the float32 speed"
@@ -89,7 +74,7 @@ def hardware(ev: Evidence) -> Finding | None:
   if top:
     evidence.append("most traced op time: " + ", ".join(
         f"{o['type']} {o['share']:.1%}" for o in top[:4]))
-  x = _speedup(ev)
+  x = evidence_lib.speedup(ev)
   if better == "float32":
     step = "--policy=float32"
     if not caps and half == "float16":
@@ -123,19 +108,6 @@ def tf32(ev: Evidence) -> Finding | None:
       "--notf32 for a plain FP32 baseline (slower, full float32 mantissa)")
 
 
-def _busy(s: dict[str, Any]) -> tuple[float | None, str]:
-  """(busy share of the training device, what was measured), from the sampler."""
-  util, hw = s.get("util") or {}, s.get("hardware") or {}
-  if "gpu_percent" in util:
-    return util["gpu_percent"]["mean"] / 100, "GPU utilisation"
-  if hw.get("gpus"):  # Trained on a GPU, not sampled (no NVML): CPU use says nothing.
-    return None, ""
-  cpu, cores = util.get("process_cpu_percent"), (s.get("hardware") or {}).get("cpu_count")
-  if cpu and cores:
-    return cpu["mean"] / (100 * cores), f"process CPU use over {cores} cores"
-  return None, ""
-
-
 def input_bound(ev: Evidence) -> Finding | None:
   s = ev.summary
   share = s.get("data_wait_share")
@@ -145,7 +117,7 @@ def input_bound(ev: Evidence) -> Finding | None:
   evidence = [f"{share:.1%} of step time waiting for the next batch"
               + (f" (median {wait:.1f} ms of a {s['ms_per_step']:.1f} ms step)"
                  if wait is not None and s.get("ms_per_step") else "")]
-  busy, what = _busy(s)
+  busy, what = evidence_lib.busy(s)
   if busy is not None:
     evidence.append(f"{what}: {busy:.0%}")
   work, cache = ev.flags.get("input_work", 0), ev.flags.get("cache", "memory")
@@ -166,7 +138,7 @@ def low_utilisation(ev: Evidence) -> Finding | None:
   """The device idles while the input pipeline keeps up: per-step overhead (short
   steps) or ops that do not use the device fully (long steps)."""
   s = ev.summary
-  busy, what = _busy(s)
+  busy, what = evidence_lib.busy(s)
   share = s.get("data_wait_share") or 0.0
   if busy is None or busy >= UTILISATION or share >= INPUT_WAIT_SHARE:
     return None
@@ -284,7 +256,7 @@ def loss_scale(ev: Evidence) -> Finding | None:
 def slower_than_float32(ev: Evidence) -> Finding | None:
   """A 16-bit run measured slower than float32 although the device has a fast path."""
   s = ev.summary
-  x = _speedup(ev)
+  x = evidence_lib.speedup(ev)
   if s.get("policy") not in SIXTEEN or x is None or x >= SLOWER_THAN_FLOAT32:
     return None
   if hardware(ev):  # Explained there.

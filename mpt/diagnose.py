@@ -2,11 +2,11 @@
 
 After every training run and every sweep, and on demand
 (`python -m mpt.main --mode=diagnose --run=logs/<run>`), mpt reads the run folder
-(summary.json, flags.txt, dtypes.json, the profiler trace's op statistics, and a
-float32 run of the same configuration found next to it), runs the detectors of
-mpt/detectors.py, and prints a ranked list of findings, each with its threshold, its
-evidence and a next step. It writes `diagnosis.json` and `diagnosis.md` into the
-folder. A sweep folder is diagnosed across its cells (mpt/diagnose_sweep.py).
+(mpt/evidence.py: summary.json, flags.txt, dtypes.json, the profiler trace's op
+statistics, and a float32 run of the same configuration found next to it), runs the
+detectors of mpt/detectors.py, and prints the run's measured figures and a ranked list
+of findings, each with its threshold, its evidence and a next step. It writes
+`diagnosis.json` and `diagnosis.md` into the folder. A sweep folder is diagnosed across its cells (mpt/diagnose_sweep.py).
 """
 
 import dataclasses
@@ -18,93 +18,13 @@ from absl import logging
 
 from mpt import config
 from mpt import detectors
-from mpt import opstats
+from mpt import evidence
 from mpt.errors import UserError
 
-REQUIRED = ("summary.json", "flags.txt")
-# A float32 run is comparable when these match (the loop is preferred, not required).
-SAME = ("model", "model_opts", "image_size", "batch_size", "dataset", "strategy",
-        "jit_compile", "device", "input_work")
-
-
-def _read_json(path: pathlib.Path) -> dict[str, Any]:
-  try:
-    return json.loads(path.read_text())
-  except (OSError, ValueError) as e:
-    raise UserError(f"{path} cannot be read as JSON: {e}") from None
-
-
-def check_folder(path: pathlib.Path) -> str:
-  """'run' or 'sweep'; a UserError naming the missing file otherwise."""
-  if not path.is_dir():
-    raise UserError(f"--run={path}: no such folder")
-  if (path / "sweep.csv").is_file():
-    return "sweep"
-  missing = [name for name in REQUIRED if not (path / name).is_file()]
-  if missing:
-    what = (" (it is a --mode=microbench folder)" if (path / "microbench.json").exists()
-            else "")
-    raise UserError(f"--run={path}: missing {' and '.join(missing)}{what}; diagnose "
-                    f"takes a training run folder (summary.json, flags.txt) or a sweep "
-                    f"folder (sweep.csv)")
-  return "run"
-
-
-def find_baseline(run_dir: pathlib.Path, summary: dict[str, Any]) -> dict[str, Any] | None:
-  """The newest completed float32 run of the same configuration next to `run_dir`."""
-  if summary.get("policy") == "float32":
-    return None
-  found = []
-  for path in run_dir.parent.glob("*/summary.json"):
-    if path.parent == run_dir:
-      continue
-    try:
-      other = json.loads(path.read_text())
-    except (OSError, ValueError):
-      continue
-    if (other.get("policy") == "float32" and other.get("status") == "completed"
-        and other.get("ms_per_step")
-        and all(other.get(k) == summary.get(k) for k in SAME)):
-      found.append((other.get("loop") == summary.get("loop"), path.stat().st_mtime, other))
-  return max(found, key=lambda f: f[:2])[2] if found else None
-
-
-def load_evidence(run_dir: pathlib.Path, notes: list[str]) -> detectors.Evidence:
-  summary = _read_json(run_dir / "summary.json")
-  try:
-    flags = dataclasses.asdict(config.from_flagfile((run_dir / "flags.txt").read_text()))
-  except UserError as e:
-    raise UserError(f"{run_dir / 'flags.txt'}: {e}") from None
-  dtypes = None
-  if (run_dir / "dtypes.json").is_file():
-    dtypes = _read_json(run_dir / "dtypes.json")
-  else:
-    notes.append("dtypes.json missing (a --noinstrument run): the misaligned-shape and "
-                 "float32-work checks were skipped")
-  op_stats = None
-  try:
-    op_stats = opstats.load(run_dir, dtypes)
-  except Exception as e:  # A broken trace or no xprof: the rest still holds.
-    notes.append(f"the profiler trace could not be read ({type(e).__name__}: {e})")
-  if op_stats is None and summary.get("policy") in detectors.SIXTEEN:
-    notes.append("no profiler trace: for op-level evidence rerun with "
-                 "--profile_steps=A,B (steps after the warm-up)")
-  if not summary.get("hardware"):
-    notes.append("summary.json records no hardware facts (a run made before mpt "
-                 "recorded them): the hardware checks were skipped")
-  try:
-    from mpt import models  # Registered variants, for the "aligned" suggestion.
-    names = tuple(models.names())
-  except ImportError:
-    names = ()
-  return detectors.Evidence(summary, flags, dtypes, op_stats,
-                            find_baseline(run_dir, summary), names)
-
-
-def _figures(ev: detectors.Evidence) -> dict[str, Any]:
+def _figures(ev: evidence.Evidence) -> dict[str, Any]:
   """The run's measured figures, printed above the findings whatever they are."""
   s, d, ops = ev.summary, ev.dtypes or {}, ev.op_stats or {}
-  busy, what = detectors._busy(s)
+  busy, what = evidence.busy(s)
   rows = {r["name"]: r for r in d.get("layers", [])}
   total = d.get("forward_flops_per_example") or 1
   layer_time = ops.get("layer_time_share", {})
@@ -116,7 +36,7 @@ def _figures(ev: detectors.Evidence) -> dict[str, Any]:
              f"{s.get('image_size')} px, batch {s.get('batch_size')}, {s.get('status')}",
       "device": s.get("device"),
       "ms_per_step": s.get("ms_per_step"),
-      "speedup_vs_float32": detectors._speedup(ev),
+      "speedup_vs_float32": evidence.speedup(ev),
       "baseline_ms_per_step": (ev.baseline or {}).get("ms_per_step"),
       "baseline_run": (ev.baseline or {}).get("run_dir"),
       "flops_share_16bit": d.get("flops_share_16bit"),
@@ -175,7 +95,7 @@ def format_figures(f: dict[str, Any]) -> list[str]:
 def diagnose_run(run_dir: pathlib.Path) -> dict[str, Any]:
   """The diagnosis of one training run folder, as written to diagnosis.json."""
   notes: list[str] = []
-  ev = load_evidence(run_dir, notes)
+  ev = evidence.load(run_dir, notes)
   findings, checked = [], []
   for name, detect in detectors.DETECTORS.items():
     if name in detectors.NEEDS and ev.dtypes is None:
@@ -223,7 +143,7 @@ def write(folder: pathlib.Path, report: dict[str, Any]) -> None:
 
 def diagnose_folder(path: pathlib.Path) -> dict[str, Any]:
   """Diagnoses a run or sweep folder, writes diagnosis.json/.md there, prints it."""
-  if check_folder(path) == "sweep":
+  if evidence.check_folder(path) == "sweep":
     from mpt import diagnose_sweep
     report = diagnose_sweep.diagnose(path)
     text = diagnose_sweep.format_report(report)

@@ -18,6 +18,7 @@ import pytest
 from mpt import config
 from mpt import detectors
 from mpt import diagnose
+from mpt import evidence as evidence_lib
 from mpt import opstats
 from mpt.errors import UserError
 
@@ -145,7 +146,7 @@ def test_sixteen_bit_slower_on_a_gpu_with_a_fast_path_is_no_speedup(runs):
 # --- Threshold edges --------------------------------------------------------------
 
 def evidence(runs, name, dtypes=None, op_stats=None, baseline=None, **summary):
-  ev = diagnose.load_evidence(runs / name, [])
+  ev = evidence_lib.load(runs / name, [])
   ev.summary.update(summary)
   if dtypes:
     ev.dtypes = {**copy.deepcopy(ev.dtypes), **dtypes}
