@@ -24,6 +24,7 @@ SKIPPED_SHARE = 0.02         # skipped (non-finite) steps, share of steps run ..
 SETTLING_SKIPS = 2           # ... beyond these: a dynamic scale starts at 2**15 and
                              # halves (skipping a step) until the gradients fit
 SMALL_STEP_MS = 30.0         # a step this short is mostly per-op launch overhead
+OTHERS_SHARE = 0.25          # share of the CPU other processes used: a shared machine
 MIN_SCALE = 1.0              # a dynamic loss scale below this has collapsed
 ACHIEVED_VS_MICROBENCH = 0.10  # achieved FLOP rate / measured matmul rate
 SLOWER_THAN_FLOAT32 = 1.0    # 16-bit speed-up over float32 below this: no gain
@@ -142,6 +143,8 @@ def low_utilisation(ev: Evidence) -> Finding | None:
   share = s.get("data_wait_share") or 0.0
   if busy is None or busy >= UTILISATION or share >= INPUT_WAIT_SHARE:
     return None
+  if (evidence_lib.others(s) or 0.0) >= OTHERS_SHARE:
+    return None  # Not idle: other processes had the cores (see `shared_machine`).
   ms = s.get("ms_per_step") or 0.0
   evidence = [f"{what}: {busy:.0%} while waiting for data only {share:.1%} of the time",
               f"{ms:.1f} ms/step at batch {s.get('batch_size')}"
@@ -161,6 +164,23 @@ def low_utilisation(ev: Evidence) -> Finding | None:
                  f"utilisation < {UTILISATION:.0%} with data wait < "
                  f"{INPUT_WAIT_SHARE:.0%}; steps < {SMALL_STEP_MS:g} ms count as "
                  f"overhead", evidence, step)
+
+
+def shared_machine(ev: Evidence) -> Finding | None:
+  """Other processes used the CPU during the run: its timings are inflated."""
+  s = ev.summary
+  others = evidence_lib.others(s)
+  # On a GPU the CPU runs only the input pipeline, which `input_bound` watches.
+  if others is None or others < OTHERS_SHARE or (s.get("hardware") or {}).get("gpus"):
+    return None
+  busy, what = evidence_lib.busy(s)
+  return Finding(
+      "shared_machine", "medium", others, "other processes competed for the CPU",
+      f"other processes' share of all cores >= {OTHERS_SHARE:.0%} during the run",
+      [f"the whole machine was {s['util']['system_cpu_percent']['mean']:.0f}% busy, "
+       f"this run {busy:.0%} of it ({what}): others took {others:.0%}"],
+      "rerun when the machine is quiet before comparing ms/step; a sweep compares "
+      "cells run one after another, so check theirs too")
 
 
 def misaligned(ev: Evidence) -> Finding | None:
@@ -292,7 +312,7 @@ def _where_time_goes(ev: Evidence) -> str:
 
 DETECTORS: dict[str, Callable[[Evidence], Finding | None]] = {
     "hardware": hardware, "loss_scale": loss_scale, "input_bound": input_bound,
-    "low_utilisation": low_utilisation, "misaligned": misaligned,
+    "low_utilisation": low_utilisation, "shared_machine": shared_machine, "misaligned": misaligned,
     "float32_work": float32_work, "no_speedup": slower_than_float32,
     "achieved_rate": achieved_rate, "tf32": tf32,
 }

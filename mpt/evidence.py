@@ -127,3 +127,12 @@ def busy(s: dict[str, Any]) -> tuple[float | None, str]:
   if cpu and cores:
     return cpu["mean"] / (100 * cores), f"process CPU use over {cores} cores"
   return None, ""
+
+
+def others(s: dict[str, Any]) -> float | None:
+  """Share of all CPU cores that other processes used during the run (machine load)."""
+  util, hw = s.get("util") or {}, s.get("hardware") or {}
+  system, mine = util.get("system_cpu_percent"), util.get("process_cpu_percent")
+  if not system or not mine or not hw.get("cpu_count"):
+    return None
+  return max(0.0, system["mean"] / 100 - mine["mean"] / (100 * hw["cpu_count"]))

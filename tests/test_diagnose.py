@@ -157,7 +157,9 @@ def evidence(runs, name, dtypes=None, op_stats=None, baseline=None, **summary):
   return ev
 
 
-UTIL = lambda share: {"process_cpu_percent": {"mean": 200 * share, "max": 200.0}}
+UTIL = lambda share, system=None: {
+    "process_cpu_percent": {"mean": 200 * share, "max": 200.0},
+    "system_cpu_percent": {"mean": 100 * (share if system is None else system), "max": 100.0}}
 
 
 @pytest.mark.parametrize("detector,name,changes,fires", [
@@ -183,6 +185,9 @@ UTIL = lambda share: {"process_cpu_percent": {"mean": 200 * share, "max": 200.0}
     ("low_utilisation", "f32_fit", dict(util=UTIL(0.4999)), True),
     ("low_utilisation", "f32_fit", dict(util=UTIL(0.5)), False),
     ("low_utilisation", "f32_fit", dict(util=UTIL(0.3), data_wait_share=0.2), False),
+    ("low_utilisation", "f32_fit", dict(util=UTIL(0.3, system=0.55)), False),
+    ("shared_machine", "f32_fit", dict(util=UTIL(0.3, system=0.5499)), False),
+    ("shared_machine", "f32_fit", dict(util=UTIL(0.3, system=0.55)), True),
     ("achieved_rate", "f32_fit", dict(achieved_vs_microbench=0.0999), True),
     ("achieved_rate", "f32_fit", dict(achieved_vs_microbench=0.10), False),
     ("achieved_rate", "f32_fit", dict(achieved_vs_microbench=None), False),
