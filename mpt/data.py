@@ -226,12 +226,13 @@ def load(cfg: Config) -> Data:
   # of the dataset sees the same (Keras reads a batch from a first iterator to build
   # the model under a strategy; a reshuffling shuffle would give the next another
   # order). With the whole set in the buffer, the epoch boundaries blur a little.
-  stream = lambda: cached.repeat().shuffle(buffer, seed=cfg.seed,
-                                           reshuffle_each_iteration=False)
-  if cfg.input_work:  # After the cache, so that every step pays for it.
-    plain = stream
-    stream = lambda: plain().map(_input_work(cfg.input_work),
-                                 num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+  def stream():
+    ds = cached.repeat().shuffle(buffer, seed=cfg.seed, reshuffle_each_iteration=False)
+    if cfg.input_work:  # After the cache, so that every step pays for it.
+      ds = ds.map(_input_work(cfg.input_work), num_parallel_calls=tf.data.AUTOTUNE,
+                  deterministic=True)
+    return ds
+
   make_train = lambda: _shard_by_data(
       stream().batch(cfg.batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE))
   val = _shard_by_data(val.batch(cfg.batch_size).prefetch(tf.data.AUTOTUNE))

@@ -58,19 +58,18 @@ def _baseline_line(ev: Evidence) -> str:
 
 def hardware(ev: Evidence) -> Finding | None:
   """No fast 16-bit path for the policy on this device."""
-  s, hw = ev.summary, ev.summary.get("hardware") or {}
-  policy = s.get("policy")
-  caps = [g["compute_capability"] for g in hw.get("gpus", []) if g.get("compute_capability")]
-  found = hardware_lib.fast_path(policy, set(hw.get("cpu_flags", [])), caps, hw.get("cpu", "this CPU"))
+  s, caps = ev.summary, evidence_lib.gpu_caps(ev.summary)
+  found = evidence_lib.no_fast_path(s)
   if not found:
     return None
   reason, better = found
-  half = SIXTEEN[policy]
+  half = SIXTEEN[s['policy']]
   evidence = [reason, _baseline_line(ev)]
   mb = s.get("microbench_gflops_by_dtype") or {}
   if not caps and mb.get(half) and mb.get("float32"):
     evidence.append(f"matmul microbenchmark on this machine: {half} {mb[half]:.1f} vs "
-                    f"float32 {mb['float32']:.1f} GFLOP/s ({mb[half] / mb['float32']:.2f}x)")
+                    f"float32 {mb['float32']:.1f} GFLOP/s "
+                    f"({mb[half] / mb['float32']:.2f}x)")
   top = (ev.op_stats or {}).get("top_ops") or []
   if top:
     evidence.append("most traced op time: " + ", ".join(
@@ -84,20 +83,20 @@ def hardware(ev: Evidence) -> Finding | None:
     elif not caps:
       step += " (or a CPU with AVX512_BF16 / AMX-BF16, e.g. Sapphire Rapids or Zen 4)"
     else:
-      step += " (or a GPU with compute capability >= 7.0 for float16, >= 8.0 for bfloat16)"
+      step += (" (or a GPU with compute capability >= 7.0 for float16, >= 8.0 for "
+               "bfloat16)")
   else:
     step = f"--policy={better}"
   return Finding("hardware", "high", 1 - x if x and x < 1 else 0.5,
                  f"{half} has no fast path on this {'GPU' if caps else 'CPU'}",
-                 "the device lacks the 16-bit instructions or Tensor Cores", evidence, step)
+                 "the device lacks the 16-bit instructions or Tensor Cores", evidence,
+                 step)
 
 
 def tf32(ev: Evidence) -> Finding | None:
   """float32 on Ampere or newer runs matmuls as TF32: the baseline is not plain FP32."""
-  hw = ev.summary.get("hardware") or {}
-  caps = [tuple(g["compute_capability"]) for g in hw.get("gpus", [])
-          if g.get("compute_capability")]
-  if not hw.get("tf32") or not caps or min(caps) < (8, 0):
+  caps = evidence_lib.gpu_caps(ev.summary)
+  if not (ev.summary.get("hardware") or {}).get("tf32") or not caps or min(caps) < (8, 0):
     return None
   cc = ".".join(map(str, min(caps)))
   return Finding(
@@ -195,12 +194,10 @@ def misaligned(ev: Evidence) -> Finding | None:
   shapes = max(share, time_share) >= MISALIGNED_SHARE
   if not shapes and per_replica % 8 == 0:
     return None
-  rows = {r["name"]: r for r in d.get("layers", [])}
-  total = d.get("forward_flops_per_example") or 1
-  evidence = [f"{n} ({rows[n]['class']}, {rows[n]['dims']}): {rows[n]['flops'] / total:.1%}"
-              f" of forward FLOPs" + (f", {layer_time[n]:.1%} of traced op time"
-                                      if n in layer_time else "")
-              for n in names if n in rows]
+  evidence = [f"{l['name']} ({l['class']}, {l['dims']}): {l['flops_share']:.1%} of "
+              f"forward FLOPs" + (f", {l['time_share']:.1%} of traced op time"
+                                  if l["time_share"] is not None else "")
+              for l in evidence_lib.layer_shares(ev, names)]
   evidence.append(f"{share:.1%} of forward FLOPs" + (
       f" and {time_share:.1%} of traced op time" if layer_time else "")
       + " in layers whose channels/units are not multiples of 8")
@@ -312,8 +309,9 @@ def _where_time_goes(ev: Evidence) -> str:
 
 DETECTORS: dict[str, Callable[[Evidence], Finding | None]] = {
     "hardware": hardware, "loss_scale": loss_scale, "input_bound": input_bound,
-    "low_utilisation": low_utilisation, "shared_machine": shared_machine, "misaligned": misaligned,
-    "float32_work": float32_work, "no_speedup": slower_than_float32,
+    "low_utilisation": low_utilisation, "shared_machine": shared_machine,
+    "misaligned": misaligned, "float32_work": float32_work,
+    "no_speedup": slower_than_float32,
     "achieved_rate": achieved_rate, "tf32": tf32,
 }
 NEEDS = {"misaligned": "dtypes.json", "float32_work": "dtypes.json"}

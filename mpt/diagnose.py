@@ -18,19 +18,16 @@ from absl import logging
 
 from mpt import config
 from mpt import detectors
+from mpt import diagnose_sweep
 from mpt import evidence
 from mpt.errors import UserError
+
 
 def _figures(ev: evidence.Evidence) -> dict[str, Any]:
   """The run's measured figures, printed above the findings whatever they are."""
   s, d, ops = ev.summary, ev.dtypes or {}, ev.op_stats or {}
   busy, what = evidence.busy(s)
-  rows = {r["name"]: r for r in d.get("layers", [])}
-  total = d.get("forward_flops_per_example") or 1
-  layer_time = ops.get("layer_time_share", {})
-  per_layer = lambda names: [
-      {"name": n, "dims": rows[n]["dims"], "flops_share": rows[n]["flops"] / total,
-       "time_share": layer_time.get(n)} for n in names if n in rows]
+  per_layer = lambda names: evidence.layer_shares(ev, names)
   return {
       "run": f"{s.get('model')}, {s.get('policy')}, {s.get('loop')} loop, "
              f"{s.get('image_size')} px, batch {s.get('batch_size')}, {s.get('status')}",
@@ -112,8 +109,21 @@ def _pct(x) -> str:
   return "n/a" if x is None else f"{x:.1%}"
 
 
+def format_findings(findings: list[dict[str, Any]], markdown: bool) -> list[str]:
+  """Numbered findings with their evidence, threshold and next step."""
+  lines = []
+  for i, g in enumerate(findings, 1):
+    title = f"{i}. [{g['severity']}] {g['title']}"
+    lines.append(f"## {title}" if markdown else title)
+    lines += [f"   - {e}" for e in g["evidence"]]
+    lines += [f"   threshold: {g['threshold']}", f"   next: {g['next_step']}"]
+  return lines
+
+
 def format_report(report: dict[str, Any], markdown: bool = False) -> str:
-  """The diagnosis as text for the terminal, or as Markdown for diagnosis.md."""
+  """A run's or a sweep's diagnosis as text for the terminal, or as Markdown."""
+  if report["kind"] == "sweep":
+    return _format_sweep(report, markdown)
   f = report["figures"]
   head = f"mpt: diagnosis of {report['run_dir']}"
   lines = [f"# {head[5:]}" if markdown else head, "", f"{f['run']}; {f['device']}"]
@@ -123,16 +133,24 @@ def format_report(report: dict[str, Any], markdown: bool = False) -> str:
     lines.append("No findings: none of the checks fired (" +
                  ", ".join(report["checked_clear"]) + "); nothing mpt can measure is "
                  "holding this run back.")
-  for i, g in enumerate(report["findings"], 1):
-    title = f"{i}. [{g['severity']}] {g['title']}"
-    lines.append(f"## {title}" if markdown else title)
-    lines += [f"   - {e}" for e in g["evidence"]]
-    lines.append(f"   threshold: {g['threshold']}")
-    lines.append(f"   next: {g['next_step']}")
+  lines += format_findings(report["findings"], markdown)
   if report["findings"] and report["checked_clear"]:
     lines.append(f"checked, nothing found: {', '.join(report['checked_clear'])}")
   for note in report["notes"]:
     lines.append(f"note: {note}")
+  return "\n".join(lines) + "\n"
+
+
+def _format_sweep(report: dict[str, Any], markdown: bool) -> str:
+  head = f"diagnosis of sweep {report['run_dir']}"
+  lines = [f"# {head}" if markdown else f"mpt: {head}", ""]
+  if not report["findings"]:
+    lines.append("No sweep-wide findings (speed-up, memory, overhead).")
+  lines += format_findings(report["findings"], markdown)
+  lines += ["", "| cell | status | ms/step | top finding |", "|---|---|---|---|"]
+  for c in report["cells"]:
+    ms = f"{float(c['ms_per_step']):.1f}" if c["ms_per_step"] else ""
+    lines.append(f"| {c['cell']} | {c['status']} | {ms} | {c['top']} |")
   return "\n".join(lines) + "\n"
 
 
@@ -144,16 +162,11 @@ def write(folder: pathlib.Path, report: dict[str, Any]) -> None:
 def diagnose_folder(path: pathlib.Path) -> dict[str, Any]:
   """Diagnoses a run or sweep folder, writes diagnosis.json/.md there, prints it."""
   if evidence.check_folder(path) == "sweep":
-    from mpt import diagnose_sweep
     report = diagnose_sweep.diagnose(path)
-    text = diagnose_sweep.format_report(report)
-    (path / "diagnosis.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
-    (path / "diagnosis.md").write_text(diagnose_sweep.format_report(report, markdown=True))
   else:
     report = diagnose_run(path)
-    text = format_report(report)
-    write(path, report)
-  print(text, end="", flush=True)
+  write(path, report)
+  print(format_report(report), end="", flush=True)
   return report
 
 

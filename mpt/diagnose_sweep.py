@@ -5,6 +5,7 @@
 - memory: a 16-bit policy fits a batch size at which float32 ran out of memory;
 - overhead: step time that barely grows with the batch size (per-step overhead);
 - and each cell's own top finding, from the diagnosis its run wrote.
+mpt/diagnose.py prints and writes the result.
 """
 
 import collections
@@ -13,7 +14,7 @@ import pathlib
 from typing import Any
 
 from mpt import detectors
-from mpt import hardware
+from mpt import evidence
 from mpt import sweep_report
 
 SCALING = 0.5  # step-time growth / batch growth below this: overhead dominates
@@ -49,19 +50,16 @@ def speedups(folder: pathlib.Path, rows) -> list[detectors.Finding]:
     xs = [x for x, _ in cells]
     if max(xs) >= detectors.SLOWER_THAN_FLOAT32:
       continue
-    evidence = [f"{policy} vs float32 in {len(cells)} cell(s): {min(xs):.2f}x to "
+    lines = [f"{policy} vs float32 in {len(cells)} cell(s): {min(xs):.2f}x to "
                 f"{max(xs):.2f}x float32's speed"]
-    evidence += [f"batch {r['batch_size']}, {r['loop']}: {x:.2f}x" for x, r in cells[:6]]
-    hw = _hardware(folder, rows)
-    reason = hardware.fast_path(policy, set(hw.get("cpu_flags", [])),
-                                 [g["compute_capability"] for g in hw.get("gpus", [])
-                                  if g.get("compute_capability")], hw.get("cpu", "this CPU"))
+    lines += [f"batch {r['batch_size']}, {r['loop']}: {x:.2f}x" for x, r in cells[:6]]
+    reason = evidence.no_fast_path({"hardware": _hardware(folder, rows)}, policy)
     if reason:
-      evidence.insert(0, reason[0])
+      lines.insert(0, reason[0])
     findings.append(detectors.Finding(
         f"no_speedup:{policy}", "high" if reason else "medium", 1 - max(xs),
         f"{policy} is slower than float32 in every cell",
-        f"speed-up over float32 < {detectors.SLOWER_THAN_FLOAT32:g}x", evidence,
+        f"speed-up over float32 < {detectors.SLOWER_THAN_FLOAT32:g}x", lines,
         f"--policy={reason[1]}" if reason else
         "profile one cell (--profile_steps=A,B) and diagnose it"))
   return findings
@@ -144,20 +142,3 @@ def diagnose(folder: pathlib.Path) -> dict[str, Any]:
                   "status": r["status"], "ms_per_step": r.get("ms_per_step"), "top": top})
   return {"kind": "sweep", "run_dir": str(folder),
           "findings": [f.__dict__ for f in findings], "cells": cells}
-
-
-def format_report(report: dict[str, Any], markdown: bool = False) -> str:
-  head = f"diagnosis of sweep {report['run_dir']}"
-  lines = [f"# {head}" if markdown else f"mpt: {head}", ""]
-  if not report["findings"]:
-    lines.append("No sweep-wide findings (speed-up, memory, overhead).")
-  for i, g in enumerate(report["findings"], 1):
-    title = f"{i}. [{g['severity']}] {g['title']}"
-    lines.append(f"## {title}" if markdown else title)
-    lines += [f"   - {e}" for e in g["evidence"]]
-    lines += [f"   threshold: {g['threshold']}", f"   next: {g['next_step']}"]
-  lines += ["", "| cell | status | ms/step | top finding |", "|---|---|---|---|"]
-  for c in report["cells"]:
-    ms = f"{float(c['ms_per_step']):.1f}" if c["ms_per_step"] else ""
-    lines.append(f"| {c['cell']} | {c['status']} | {ms} | {c['top']} |")
-  return "\n".join(lines) + "\n"

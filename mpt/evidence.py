@@ -106,8 +106,8 @@ def load(run_dir: pathlib.Path, notes: list[str]) -> Evidence:
     names = tuple(models.names())
   except ImportError:
     names = ()
-  return Evidence(summary, flags, dtypes, op_stats,
-                            find_baseline(run_dir, summary), names)
+  return Evidence(summary, flags, dtypes, op_stats, find_baseline(run_dir, summary),
+                  names)
 
 
 def speedup(ev: Evidence) -> float | None:
@@ -123,7 +123,7 @@ def busy(s: dict[str, Any]) -> tuple[float | None, str]:
     return util["gpu_percent"]["mean"] / 100, "GPU utilisation"
   if hw.get("gpus"):  # Trained on a GPU, not sampled (no NVML): CPU use says nothing.
     return None, ""
-  cpu, cores = util.get("process_cpu_percent"), (s.get("hardware") or {}).get("cpu_count")
+  cpu, cores = util.get("process_cpu_percent"), hw.get("cpu_count")
   if cpu and cores:
     return cpu["mean"] / (100 * cores), f"process CPU use over {cores} cores"
   return None, ""
@@ -136,3 +136,27 @@ def others(s: dict[str, Any]) -> float | None:
   if not system or not mine or not hw.get("cpu_count"):
     return None
   return max(0.0, system["mean"] / 100 - mine["mean"] / (100 * hw["cpu_count"]))
+
+
+def gpu_caps(s: dict[str, Any]) -> list[tuple[int, int]]:
+  """Compute capabilities of the GPUs the run had (summary.json `hardware`)."""
+  return [tuple(g["compute_capability"]) for g in (s.get("hardware") or {}).get("gpus", [])
+          if g.get("compute_capability")]
+
+
+def layer_shares(ev: Evidence, names: list[str]) -> list[dict[str, Any]]:
+  """Per named layer: dims, share of forward FLOPs, share of traced op time (or None)."""
+  d = ev.dtypes or {}
+  rows = {r["name"]: r for r in d.get("layers", [])}
+  total = d.get("forward_flops_per_example") or 1
+  layer_time = (ev.op_stats or {}).get("layer_time_share", {})
+  return [{"name": n, "class": rows[n]["class"], "dims": rows[n]["dims"],
+           "flops_share": rows[n]["flops"] / total, "time_share": layer_time.get(n)}
+          for n in names if n in rows]
+
+
+def no_fast_path(s: dict[str, Any], policy: str | None = None) -> tuple[str, str] | None:
+  """hardware.fast_path on the machine a run recorded (summary.json `hardware`)."""
+  hw = s.get("hardware") or {}
+  return hardware.fast_path(policy or s.get("policy"), set(hw.get("cpu_flags", [])),
+                            gpu_caps(s), hw.get("cpu", "this CPU"))

@@ -3,8 +3,9 @@ the peak FLOP rate a run's achieved rate is compared against (MFU).
 
 TensorFlow is imported only by the functions that ask it about devices, so that
 `fast_path` (the rule for which hardware runs which 16-bit type fast) serves the
-diagnosis without it. Everything here reads the machine without assuming a GPU: on a CPU-only box the GPU
-functions return empty lists, and code paths that need NVML degrade to "absent".
+diagnosis without it. Everything here reads the machine without assuming a GPU: on a
+CPU-only box the GPU functions return empty lists, and code paths that need NVML
+degrade to "absent".
 """
 
 import os

@@ -29,8 +29,8 @@ def slow_path_warning(policy: str, flags: set[str],
                       gpu_caps: list[tuple[int, int]]) -> str | None:
   """Why `policy` has no fast 16-bit path on this hardware (one line), or None.
 
-  The rule is the diagnosis' (mpt/detectors.py `fast_path`): warned before the run,
-  explained with measurements after it.
+  The rule is `hardware.fast_path`, the diagnosis' too: warned before the run,
+  explained with measurements after it (mpt/diagnose.py).
   """
   found = hardware.fast_path(policy, flags, gpu_caps,
                               "" if gpu_caps else f"this CPU ({hardware.cpu_name()})")

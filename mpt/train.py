@@ -57,7 +57,10 @@ def _summary(cfg: config.Config, run_dir: pathlib.Path, policy, data: data_lib.D
   flops = inspect.train_step_flops(report, cfg.batch_size) if report else None
   achieved = flops / ms * 1e3 / 1e9 if flops and ms else None
   peak, peak_source = hardware.peak_gflops(policy.compute_dtype)
-  measured, _ = microbench_report.cached_gflops(policy.compute_dtype)
+  # The best matmul rate `--mode=microbench` measured here, per dtype (None: not run).
+  by_dtype = {d: microbench_report.cached_gflops(d)[0]
+              for d in ("float32", "bfloat16", "float16")}
+  measured = by_dtype.get(policy.compute_dtype)
   return {
       "status": status, "run_dir": str(run_dir),
       "policy": cfg.policy, "loop": cfg.loop, "model": cfg.model,
@@ -78,11 +81,7 @@ def _summary(cfg: config.Config, run_dir: pathlib.Path, policy, data: data_lib.D
       "flops_per_step": flops, "achieved_gflops": achieved,
       "peak_gflops": peak, "peak_source": peak_source,
       "mfu": achieved / peak if achieved and peak else None,
-      # The best matmul rate `--mode=microbench` measured here for the compute dtype.
-      "microbench_gflops": measured,
-      "microbench_gflops_by_dtype": {
-          d: microbench_report.cached_gflops(d)[0]
-          for d in ("float32", "bfloat16", "float16")},
+      "microbench_gflops": measured, "microbench_gflops_by_dtype": by_dtype,
       "achieved_vs_microbench": achieved / measured if achieved and measured else None,
       "flops_share_16bit": report["flops_share_16bit"] if report else None,
       "util": sampler.stats() if sampler else None,
@@ -262,10 +261,9 @@ def train_and_evaluate(cfg: config.Config) -> dict[str, Any]:
       summary["message"] = message
     writer.write_final(summary)
     rundir.write_json(out_dir / "summary.json", summary)
+    if message:
+      print(message, flush=True)
     if dist.is_chief and status != "failed":  # A failure's traceback says enough.
-      if message:
-        print(message, flush=True)
-        message = None
       diagnosis = diagnose.after_run(run_dir)
       if diagnosis:
         writer.text("diagnosis/report", diagnose.format_report(diagnosis, markdown=True))
@@ -274,8 +272,6 @@ def train_and_evaluate(cfg: config.Config) -> dict[str, Any]:
       shutil.rmtree(out_dir, ignore_errors=True)
       summary["run_dir"] = None
 
-  if message:
-    print(message, flush=True)
   where = run_dir if dist.is_chief else f"{dist.task} (the chief wrote the outputs)"
   parts = [f"mpt: {status}: {where}", f"{summary['steps']} steps"]
   if summary["ms_per_step"]:

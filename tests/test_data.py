@@ -1,5 +1,6 @@
 """The input pipeline: folder loader on real JPEG files, bad layouts, TFDS offline."""
 
+import dataclasses
 import io
 import pathlib
 import time
@@ -66,6 +67,16 @@ def test_training_stream_is_endless_and_seeded(tree):
   first = [y.numpy().tolist() for _, y in data.load(cfg).train.take(7)]
   again = [y.numpy().tolist() for _, y in data.load(cfg).train.take(7)]
   assert len(first) == 7 and first == again  # 7 batches > one pass of 9 images
+
+
+def test_input_work_adds_work_but_leaves_the_batches_as_they_were(tree):
+  cfg = config.Config(dataset=f"folder:{tree}", image_size=8, batch_size=3, seed=5)
+  plain = [(x.numpy(), y.numpy()) for x, y in data.load(cfg).train.take(4)]
+  slow = data.load(dataclasses.replace(cfg, input_work=3))
+  worked = [(x.numpy(), y.numpy()) for x, y in slow.train.take(4)]
+  for (x0, y0), (x1, y1) in zip(plain, worked):
+    np.testing.assert_array_equal(x0, x1)
+    np.testing.assert_array_equal(y0, y1)
 
 
 @pytest.mark.parametrize("mutate,words", [
