@@ -29,5 +29,5 @@ run --run_name=bf16_seed --policy=mixed_bfloat16 --profile_steps=20,22
 run --run_name=slow_input --input_work=50 --epochs=1
 run --run_name=skips --policy=mixed_float16 --epochs=1 --steps_per_epoch=30 \
     --fault_factor=1e30 --fault_steps=8,12
-MPT_TEST_OOM_BATCH=32/float32 run --mode=sweep --run_name=sweep --batch_sizes=16,32 \
+MPT_INJECT_FAULT=oom:32/float32 run --mode=sweep --run_name=sweep --batch_sizes=16,32 \
     --policies=float32,mixed_bfloat16 --epochs=1 --steps_per_epoch=12 --warmup_steps=3

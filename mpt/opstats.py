@@ -7,6 +7,13 @@ module condenses that table into `op_stats.json` in the run folder: time share p
 type, per layer (op names carry the layer's name scope) and the shares spent in Cast
 ops and in the layers dtypes.json lists as float32. The device's rows are used when the
 trace has any (GPU), else the host's (CPU); idle time is left out.
+
+Op types are grouped under their canonical TensorFlow names (`canonical_type`): which
+kernel name a trace shows depends on the CPU TensorFlow runs on. With its oneDNN graph
+rewrite on (the default on CPUs with AVX512_VNNI, AVX512_BF16 or AMX), `Conv2D` runs as
+`_MklNativeConv2D` or `_MklNativeFusedConv2D` and its filter gradient as
+`_MklNativeConv2DBackpropFilterWithBias`; elsewhere they are `Conv2D`, `_FusedConv2D`
+and `Conv2DBackpropFilter`. The kernel names seen are kept beside each type.
 """
 
 import collections
@@ -50,6 +57,22 @@ def framework_op_stats(trace: pathlib.Path) -> list[dict[str, Any]]:
   return [dict(zip(cols, (c.get("v") for c in row["c"]))) for row in table["rows"]]
 
 
+_MKL = re.compile(r"^_Mkl(?:Native)?")
+# Grappler's fusions of an op with its bias/activation that keep the op's role, and
+# their canonical name: `_FusedConv2D` is still the forward convolution.
+_FUSED = re.compile(r"^_?Fused(?=Conv2D|MatMul|BatchMatMul|DepthwiseConv2dNative|Conv3D)")
+_SUFFIX = re.compile(r"WithBias$")
+_RENAMED = {"_FusedBatchNormEx": "FusedBatchNormV3", "FusedBatchNormEx": "FusedBatchNormV3"}
+
+
+def canonical_type(op_type: str) -> str:
+  """The TensorFlow op an op type (as a trace on any CPU names it) stands for."""
+  name = _MKL.sub("", op_type)
+  name = _RENAMED.get(name, name)
+  name = _SUFFIX.sub("", _FUSED.sub("", name))
+  return name or op_type
+
+
 def _layer_of(op_name: str, layers: set[str]) -> str | None:
   """The model layer an op belongs to, from its name scope (`model_1/conv1_1/...`)."""
   for part in op_name.split("/"):
@@ -68,17 +91,21 @@ def condense(rows: list[dict[str, Any]], dtypes: dict[str, Any] | None,
   ops = [r for r in rows if r["host_or_device"] == where and r["type"] != "IDLE"]
   total = sum(r["total_self_time"] for r in ops) or 1.0
   by_type, by_layer = collections.Counter(), collections.Counter()
+  kernels = collections.defaultdict(set)
   layers = {l["name"] for l in (dtypes or {}).get("layers", [])}
   f32_layers = {l["name"] for l in (dtypes or {}).get("float32_layers", [])}
   for r in ops:
-    by_type[r["type"]] += r["total_self_time"]
+    kind = canonical_type(r["type"])
+    by_type[kind] += r["total_self_time"]
+    kernels[kind].add(r["type"])
     layer = _layer_of(r["operation"], layers)
     if layer:
       by_layer[layer] += r["total_self_time"]
   cast = by_type.get("Cast", 0.0)
   return {
       "trace": trace, "rows": where, "op_time_ms": total / 1e3,
-      "top_ops": [{"type": t, "share": us / total, "ms": us / 1e3}
+      "top_ops": [{"type": t, "share": us / total, "ms": us / 1e3,
+                   "kernels": sorted(kernels[t])}
                   for t, us in by_type.most_common(10)],
       "layer_time_share": {l: us / total for l, us in by_layer.most_common()},
       "cast_time_share": cast / total,

@@ -145,8 +145,10 @@ def run_cell(cfg: config.Config, cell: dict[str, Any], out: pathlib.Path,
     return {**cell, "status": "interrupted", "error": "Ctrl-C",
             "run_dir": str(run_dir)}
   row = {**cell, "run_dir": str(run_dir)}
-  if "ResourceExhaustedError" in stderr or proc.returncode == -signal.SIGKILL:
-    return {**row, "status": "OOM", "error": _error_line(stderr) or "killed (SIGKILL)"}
+  if proc.returncode == -signal.SIGKILL:  # Not by us: the kernel's OOM killer, mostly.
+    return {**row, "status": "OOM", "error": "killed (SIGKILL)"}
+  if "ResourceExhaustedError" in stderr:
+    return {**row, "status": "OOM", "error": _error_line(stderr)}
   if proc.returncode:
     return {**row, "status": "failed", "error": _error_line(stderr)}
   return {**row, "status": "ok", **sweep_report.from_summary(run_dir / "summary.json")}

@@ -230,7 +230,7 @@ def train_and_evaluate(cfg: config.Config) -> dict[str, Any]:
   status, message = "failed", None  # Until the loop returns or is stopped.
   try:
     stop.install()
-    faults.test_oom_hook(cfg.batch_size, cfg.policy)
+    faults.inject_run_fault(cfg.batch_size, cfg.policy)
     if sampler:
       sampler.start()
     with dist.strategy.scope():

@@ -1,26 +1,110 @@
-"""Shared fixtures: tiny configs on generated data, and reading TensorBoard events back."""
+"""The test session's ground rules, and the fixtures shared by several test files.
+
+The suite reads no fact of the host it could get wrong on another machine:
+- CPU facts come from a recorded /proc/cpuinfo (`MPT_CPUINFO`), by default the real one
+  of an Intel Sapphire Rapids with AMX; `pytest --cpuinfo=NAME` picks another of
+  tests/data/cpuinfo/ (`--cpuinfo=host` reads this machine's). Child processes inherit it.
+- GPUs are hidden from this process and its children (`CUDA_VISIBLE_DEVICES=""`), so
+  every comparison of numerics runs on the CPU whatever the host has; tests marked
+  `gpu` run children that see the host's GPUs, and are skipped where there are none.
+- mpt's cache (`MPT_CACHE`: generated data, microbenchmark results) is a folder of
+  this session, never the user's ~/.cache/mpt.
+- After each test the global precision policy is float32 again and op determinism is
+  off, whatever the test did; child processes a test started are killed.
+"""
 
 import os
-
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
 import pathlib
-import subprocess
-import sys
-import time
+import shutil
+import tempfile
 
+# Before TensorFlow starts: what the host offers, then hide it for the session. The
+# original is kept in the environment because pytest-xdist's workers inherit ours.
+os.environ.setdefault("MPT_TEST_HOST_CUDA_VISIBLE_DEVICES",
+                      os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>"))
+os.environ["CUDA_VISIBLE_DEVICES"] = ""
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+for leak in ("MPT_INJECT_FAULT", "TF_CONFIG", "MPT_CPUINFO", "MPT_CACHE"):
+  os.environ.pop(leak, None)  # A user's setting must not steer the tests.
+
+import keras
 import pytest
 import tensorflow as tf
 
 from mpt import config
 
-# The CPU is split into two logical devices for the whole session, before any op runs
+import helpers
+
+# The CPU is split into logical devices for the whole session, before any op runs
 # (the only time it can be): the mirrored-strategy tests run in process with
 # cpu_devices=CPU_DEVICES. Ops of every other test still run on the first device.
-CPU_DEVICES = 2
 tf.config.set_logical_device_configuration(
     tf.config.list_physical_devices("CPU")[0],
-    [tf.config.LogicalDeviceConfiguration() for _ in range(CPU_DEVICES)])
+    [tf.config.LogicalDeviceConfiguration() for _ in range(helpers.CPU_DEVICES)])
+
+DEFAULT_CPUINFO = "intel_spr_amx_recorded.txt"
+
+
+def pytest_addoption(parser):
+  parser.addoption(
+      "--cpuinfo", default=DEFAULT_CPUINFO,
+      help="the recorded /proc/cpuinfo that stands in for the host's during the run "
+           f"(one of {', '.join(helpers.CPUINFO_FIXTURES)}), or 'host' for the real one")
+
+
+def pytest_configure(config):
+  choice = config.getoption("cpuinfo")
+  if choice != "host":
+    path = helpers.CPUINFO / choice
+    if not path.is_file():
+      raise pytest.UsageError(f"--cpuinfo={choice}: no such file in {helpers.CPUINFO}; "
+                              f"one of {', '.join(helpers.CPUINFO_FIXTURES)} or 'host'")
+    os.environ["MPT_CPUINFO"] = str(path)
+  cache = tempfile.mkdtemp(prefix="mpt-test-cache-")
+  os.environ["MPT_CACHE"] = cache
+  config.add_cleanup(lambda: shutil.rmtree(cache, ignore_errors=True))
+
+
+def pytest_report_header(config):
+  return f"mpt: CPU facts from {os.environ.get('MPT_CPUINFO', '/proc/cpuinfo (host)')}"
+
+
+def _host_has_gpu() -> bool:
+  host = os.environ["MPT_TEST_HOST_CUDA_VISIBLE_DEVICES"]
+  if host in ("", "-1") or not (shutil.which("nvidia-smi") or
+                                pathlib.Path("/dev/nvidia0").exists()):
+    return False
+  return True
+
+
+def pytest_collection_modifyitems(config, items):
+  if _host_has_gpu():
+    return
+  skip = pytest.mark.skip(reason="no NVIDIA GPU on this host")
+  for item in items:
+    if "gpu" in item.keywords:
+      item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _reset_global_state():
+  """Each test starts as a fresh process would: float32, no op determinism."""
+  yield
+  keras.mixed_precision.set_global_policy("float32")
+  # Written for TF 2.21: TensorFlow has no public switch back (tf.config.experimental
+  # has only enable_op_determinism); without this, a --deterministic run would leave
+  # every later test of its worker deterministic.
+  from tensorflow.python.framework import config as tf_config
+  tf_config.disable_op_determinism()
+  assert not tf_config.is_op_determinism_enabled()
+
+
+@pytest.fixture
+def children():
+  """Starts child processes (`children.start(argv, ...)`) killed when the test ends."""
+  kids = helpers.Children()
+  yield kids
+  kids.close()
 
 
 @pytest.fixture(scope="session")
@@ -40,48 +124,3 @@ def tiny(tmp_path, data_dir):
     values.update(overrides)
     return config.Config(**values)
   return make
-
-
-def read_events(run_dir) -> dict[str, list[tuple[int, object]]]:
-  """{tag: [(step, value), ...]} of every summary in run_dir's event files.
-
-  Scalars come back as floats, text summaries as str.
-  """
-  from tensorboard.backend.event_processing import event_accumulator
-  acc = event_accumulator.EventAccumulator(
-      str(run_dir), size_guidance={event_accumulator.TENSORS: 0})
-  acc.Reload()
-  decode = lambda v: v.decode() if isinstance(v, bytes) else float(v)
-  events = {}
-  for tag in acc.Tags()["tensors"]:
-    values = [(e.step, tf.make_ndarray(e.tensor_proto)) for e in acc.Tensors(tag)]
-    if all(v.size == 1 for _, v in values):  # Not HParams' empty marker tensors.
-      events[tag] = [(step, decode(v.item())) for step, v in values]
-  return events
-
-
-def read_scalars(run_dir) -> dict[str, list[tuple[int, float]]]:
-  return {tag: values for tag, values in read_events(run_dir).items()
-          if values and isinstance(values[0][1], float)}
-
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-
-
-def tiny_cli(tmp_path, *flags: str) -> list[str]:
-  """argv of `python -m mpt.main` training in seconds on tiny data under tmp_path."""
-  return [sys.executable, "-m", "mpt.main", "--image_size=16", "--batch_size=4",
-          "--synthetic_train=20", "--synthetic_val=10", "--synthetic_px=20",
-          "--verbose=0", f"--data_dir={tmp_path}", f"--logdir={tmp_path}/logs", *flags]
-
-
-def start_and_wait_for_an_epoch(tmp_path, *flags: str) -> subprocess.Popen:
-  """Starts a long tiny run named `r`; returns once its first epoch is in the events."""
-  proc = subprocess.Popen(
-      tiny_cli(tmp_path, "--epochs=1000", "--steps_per_epoch=2", "--run_name=r", *flags),
-      cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-  run, deadline = tmp_path / "logs" / "r", time.time() + 120
-  while time.time() < deadline and "train/loss" not in (
-      read_events(run) if run.exists() else {}):
-    time.sleep(0.2)
-  return proc

@@ -10,21 +10,19 @@ import copy
 import json
 import pathlib
 import shutil
-import subprocess
-import sys
 
 import pytest
 
 from mpt import config
 from mpt import detectors
 from mpt import diagnose
+from mpt import diagnose_sweep
 from mpt import evidence as evidence_lib
 from mpt import opstats
 from mpt.errors import UserError
 
-from conftest import ROOT
+from helpers import DATA, ROOT, mpt
 
-DATA = pathlib.Path(__file__).parent / "data"
 GPU_FACTS = json.loads((DATA / "gpu_facts.json").read_text())
 ZEN4_FLAGS = ["avx", "avx2", "avx512_bf16", "avx512bw", "avx512f", "fma", "f16c"]
 
@@ -236,6 +234,46 @@ def test_sweep_memory_speedup_and_cells(tmp_path):
   assert memory["title"] == "mixed_bfloat16 fits batch 32 where float32 ran out of memory"
   assert len(report["cells"]) == 4 and {c["status"] for c in report["cells"]} == {"ok", "OOM"}
   assert (folder / "diagnosis.md").read_text().startswith("# diagnosis of sweep")
+  # bfloat16 took 2x the time for 2x the batch there: no per-step overhead finding.
+  assert not [f for f in found if f.startswith("overhead:")]
+
+
+@pytest.mark.parametrize("ms_at_64,fires", [(199.9, True), (200.0, False)])
+def test_sweep_step_time_that_barely_grows_with_the_batch(ms_at_64, fires):
+  # 4x the batch: below 0.5 x 4 = 2x the step time, per-step overhead dominates.
+  cell = dict(model="seed_convnet", image_size="64", loop="fit", jit_compile="False",
+              policy="float32", status="ok")
+  rows = [{**cell, "batch_size": "16", "ms_per_step": "100.0"},
+          {**cell, "batch_size": "32", "status": "OOM", "ms_per_step": ""},
+          {**cell, "batch_size": "64", "ms_per_step": str(ms_at_64)}]
+  found = diagnose_sweep.overhead(rows)
+  assert bool(found) == fires
+  if fires:
+    [f] = found
+    assert f.id == "overhead:float32" and f.next_step == "--batch_size=64 or larger; --jit_compile"
+    assert f"batch 16 100.0 ms/step, batch 64 {ms_at_64:.1f} ms/step" in f.evidence[0]
+
+
+def test_readme_states_the_thresholds_the_code_uses():
+  d = detectors
+  rows = {line.split("|")[1].strip(): line for line in
+          (ROOT / "README.md").read_text().splitlines() if line.startswith("| ")}
+  expected = {
+      "input bound": [f">= {d.INPUT_WAIT_SHARE:.0%}"],
+      "idle device / overhead": [f"< {d.UTILISATION:.0%}", f"< {d.SMALL_STEP_MS:g} ms"],
+      "shared machine": [f">= {d.OTHERS_SHARE:.0%}"],
+      "misaligned shapes": [f">= {d.MISALIGNED_SHARE:.0%}"],
+      "32-bit work": [f">= {d.FLOAT32_FLOP_SHARE:.0%} of forward FLOPs",
+                      f">= {d.FLOAT32_TIME_SHARE:.0%} of traced time"],
+      "loss-scale trouble": [f"beyond the first {d.SETTLING_SKIPS} >= "
+                             f"{d.SKIPPED_SHARE:.0%}", f"loss scale < {d.MIN_SCALE:g}"],
+      "far below the matmul rate": [f"< {d.ACHIEVED_VS_MICROBENCH:.0%}"],
+      "step time vs batch (sweeps)": ["less than half" if diagnose_sweep.SCALING == 0.5
+                                      else f"{diagnose_sweep.SCALING}"],
+  }
+  for finding, words in expected.items():
+    for w in words:
+      assert w in rows[finding], (finding, w)
 
 
 # --- Bad --run, op statistics, the command line ----------------------------------
@@ -268,9 +306,7 @@ def test_layer_of_op_names():
 
 
 def test_cli_diagnoses_a_recorded_run(runs):
-  proc = subprocess.run([sys.executable, "-m", "mpt.main", "--mode=diagnose",
-                         f"--run={runs / 'f16_custom'}"], cwd=ROOT, capture_output=True,
-                        text=True, timeout=120)
+  proc = mpt("--mode=diagnose", f"--run={runs / 'f16_custom'}", timeout=120)
   assert proc.returncode == 0, proc.stderr
   assert "1. [high] float16 has no fast path on this CPU" in proc.stdout
   written = json.loads((runs / "f16_custom" / "diagnosis.json").read_text())

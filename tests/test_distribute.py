@@ -13,7 +13,7 @@ from mpt import distribute
 from mpt import train
 from mpt.errors import UserError
 
-from conftest import CPU_DEVICES, ROOT, read_scalars
+from helpers import CPU_DEVICES, ROOT, read_scalars
 
 CLUSTER = {"worker": ["127.0.0.1:20001", "127.0.0.1:20002"]}
 
@@ -132,6 +132,7 @@ def test_per_replica_batchnorm_statistics_differ_from_one_device(tiny):
       per_step_losses(one["run_dir"])[0], rel=1e-3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("loop", ["fit", "custom"])
 def test_two_local_workers_train_and_only_the_chief_writes(tmp_path, loop):
   flags = ["--image_size=16", "--batch_size=4", "--synthetic_train=20",

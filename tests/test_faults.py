@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from mpt import train
 
-from conftest import ROOT, read_scalars, start_and_wait_for_an_epoch, tiny_cli
+from helpers import ROOT, read_scalars, start_and_wait_for_an_epoch, tiny_cli
 
 
 @pytest.mark.parametrize("loop", ["fit", "custom"])
@@ -45,11 +45,36 @@ def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tiny, loop):
 
 
 def test_collapsing_loss_scale_is_divergence(tiny):
+  # The default --min_loss_scale=1; the fit loop's stop: the next test.
   summary = train.train_and_evaluate(tiny(loop="custom", policy="mixed_float16",
                                           fault_factor=1e30, fault_steps="1,24"))
   assert summary["status"] == "diverged"
   assert "loss scale fell to 0.5" in summary["message"]
   assert summary["steps"] == 16  # 2**15 halved 16 times is 0.5.
+
+
+@pytest.mark.parametrize("loop", ["fit", "custom"])
+def test_min_loss_scale_sets_where_a_collapsing_scale_stops(tiny, loop):
+  summary = train.train_and_evaluate(tiny(loop=loop, policy="mixed_float16",
+                                          min_loss_scale=1024, fault_factor=1e30,
+                                          fault_steps="1,24"))
+  assert summary["status"] == "diverged"
+  assert "loss scale fell to 512 (< --min_loss_scale=1024)" in summary["message"]
+  assert summary["steps"] == 6  # 2**15 halved 6 times is 512.
+
+
+@pytest.mark.parametrize("loop", ["fit", "custom"])
+def test_a_fixed_loss_scale_never_skips_so_an_overflow_diverges(tiny, loop):
+  summary = train.train_and_evaluate(tiny(loop=loop, policy="mixed_float16",
+                                          loss_scale="256", fault_factor=1e30,
+                                          fault_steps="3,3"))
+  # Step 3's overflowed gradients are applied (a fixed scale never skips), so the
+  # weights turn NaN and step 4's loss is NaN; the scale itself never moves.
+  assert summary["status"] == "diverged"
+  assert "diverged at step 4: loss is nan" in summary["message"]
+  assert summary["loss_scale"] == 256.0 and summary["skipped_steps"] == 0
+  scale = read_scalars(summary["run_dir"]).get("precision/loss_scale", [])
+  assert {v for _, v in scale} <= {256.0}
 
 
 def test_cli_exit_status_for_divergence(tmp_path):
@@ -60,12 +85,14 @@ def test_cli_exit_status_for_divergence(tmp_path):
   assert "mpt: diverged at step 2: loss is nan; last good checkpoint: none" in proc.stdout
 
 
-def test_sigterm_saves_a_checkpoint_and_says_interrupted(tmp_path):
-  proc = start_and_wait_for_an_epoch(tmp_path, "--checkpoint_every=0")
+@pytest.mark.parametrize("loop", ["fit", "custom"])
+def test_sigterm_saves_a_checkpoint_and_says_interrupted(tmp_path, children, loop):
+  proc = start_and_wait_for_an_epoch(children, tmp_path, "--checkpoint_every=0",
+                                     f"--loop={loop}")
   proc.send_signal(signal.SIGTERM)
   out, err = proc.communicate(timeout=120)
   assert proc.returncode == 130, err
   summary = json.loads((tmp_path / "logs" / "r" / "summary.json").read_text())
-  assert summary["status"] == "interrupted"
+  assert summary["status"] == "interrupted" and summary["loop"] == loop
   assert summary["checkpoint"].endswith(f"ckpt-{summary['steps']}")
   assert f"interrupted at step {summary['steps']}" in out

@@ -1,8 +1,6 @@
 """Per-layer dtype inspection of the seed convnet under the three policies."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -10,14 +8,10 @@ from mpt import inspect
 from mpt import models
 from mpt import precision
 
+from helpers import mpt
+
 SIXTEEN = {"float32": "float32", "mixed_float16": "float16",
            "mixed_bfloat16": "bfloat16"}
-
-
-@pytest.fixture(autouse=True)
-def restore_policy():
-  yield
-  precision.set_policy("float32")
 
 
 @pytest.mark.parametrize("policy", ["float32", "mixed_float16", "mixed_bfloat16"])
@@ -56,10 +50,8 @@ def test_observed_dtypes_of_the_seed_convnet(policy):
 
 
 def test_mode_inspect_runs_without_training(tmp_path):
-  proc = subprocess.run(
-      [sys.executable, "-m", "mpt.main", "--mode=inspect", "--policy=mixed_bfloat16",
-       "--image_size=48", f"--logdir={tmp_path}", "--run_name=i"],
-      capture_output=True, text=True, timeout=300)
+  proc = mpt("--mode=inspect", "--policy=mixed_bfloat16", "--image_size=48",
+             f"--logdir={tmp_path}", "--run_name=i")
   assert proc.returncode == 0, proc.stderr
   assert "compute dtype: bfloat16" in proc.stdout and "conv3" in proc.stdout
   report = json.loads((tmp_path / "i" / "dtypes.json").read_text())

@@ -2,31 +2,14 @@
 
 import json
 import os
-import pathlib
 import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
-from conftest import read_events, start_and_wait_for_an_epoch
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-
-
-def mpt(*args: str, **kwargs) -> subprocess.CompletedProcess:
-  return subprocess.run([sys.executable, "-m", "mpt.main", *args], cwd=ROOT,
-                        capture_output=True, text=True, timeout=300, **kwargs)
-
-
-def error_lines(stderr: str) -> list[str]:
-  """stderr without TensorFlow's own start-up chatter."""
-  noise = ("WARNING: All log messages", "I0000", "W0000", "E0000", "To enable the",
-           "oneDNN", "cuda", "CUDA", "computation placer", "absl::InitializeLog")
-  return [l for l in stderr.splitlines() if l.strip() and not
-          any(n in l for n in noise) and not l.startswith(("I1", "W1", "E1"))]
+from helpers import ROOT, error_lines, mpt, read_events, start_and_wait_for_an_epoch
 
 
 @pytest.mark.parametrize("args,words", [
@@ -56,9 +39,15 @@ BAD_INPUT = [
     (["--model=resnet9000"], "mpt: error: unknown --model='resnet9000'; valid: mobilenet, resnet, seed_convnet"),
     (["--dataset=folder:/no/such/dir"], "mpt: error: folder dataset '/no/such/dir' does not exist"),
     (["--dataset=imagenettx"], "mpt: error: unknown --dataset='imagenettx'"),
-    (["--logdir=/proc/version/logs"], "mpt: error: cannot create --logdir"),
+    (["--logdir={tmp}/a_file/logs"], "mpt: error: cannot create --logdir"),
     (["unexpected"], "mpt: error: unexpected arguments"),
 ]
+
+
+def with_tmp(args: list[str], tmp_path) -> list[str]:
+  """The arguments, with {tmp} standing for a folder holding a plain file `a_file`."""
+  (tmp_path / "a_file").write_text("")
+  return [a.format(tmp=tmp_path) for a in args]
 
 
 def test_bad_input_is_one_line_and_exit_2_from_a_real_process(tmp_path):
@@ -72,7 +61,8 @@ def test_bad_input_is_one_line_and_exit_2_from_a_real_process(tmp_path):
 
 @pytest.mark.parametrize("args,words", BAD_INPUT)
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args, words):
-  code = main_in_process(f"--data_dir={tmp_path}", f"--logdir={tmp_path}/logs", *args)
+  code = main_in_process(f"--data_dir={tmp_path}", f"--logdir={tmp_path}/logs",
+                         *with_tmp(args, tmp_path))
   err = capsys.readouterr().err
   assert code == 2, err
   assert error_lines(err) == [next(l for l in error_lines(err)
@@ -80,16 +70,18 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args, words):
   assert words in err and "Traceback" not in err
 
 
-def test_offline_tfds_fails_within_seconds(tmp_path):
-  start = time.perf_counter()
+def test_offline_tfds_is_one_line_and_exit_2(tmp_path):
+  # How it stays fast offline (no network before the prepared-data check) is
+  # test_data's; this is what the user sees.
   proc = mpt("--dataset=imagenette/320px", f"--data_dir={tmp_path}",
              f"--logdir={tmp_path}/logs")
   assert proc.returncode == 2 and "not prepared" in proc.stderr
-  assert time.perf_counter() - start < 60  # TF import included; no DNS retries.
+  assert error_lines(proc.stderr) == [
+      l for l in error_lines(proc.stderr) if l.startswith("mpt: error: TFDS dataset")]
 
 
-def test_ctrl_c_writes_an_interrupted_summary(tmp_path):
-  proc = start_and_wait_for_an_epoch(tmp_path)
+def test_ctrl_c_writes_an_interrupted_summary(tmp_path, children):
+  proc = start_and_wait_for_an_epoch(children, tmp_path)
   proc.send_signal(signal.SIGINT)
   out, err = proc.communicate(timeout=120)
   assert proc.returncode == 130, err
@@ -99,6 +91,19 @@ def test_ctrl_c_writes_an_interrupted_summary(tmp_path):
   assert summary["status"] == "interrupted"
   assert summary["steps"] >= 2 and summary["epochs_completed"] >= 1
   assert len(read_events(run)["train/loss"]) >= summary["epochs_completed"]
+
+
+def test_a_second_signal_exits_at_once(tmp_path, children):
+  proc = start_and_wait_for_an_epoch(children, tmp_path, "--checkpoint_every=0")
+  # Two different signals back to back: Python runs both handlers, where two SIGINTs
+  # this close could be merged into one by the kernel.
+  proc.send_signal(signal.SIGINT)
+  proc.send_signal(signal.SIGTERM)
+  out, err = proc.communicate(timeout=120)
+  assert proc.returncode == 130, err
+  assert "stopping after this step" in err and "second signal, exiting now" in err
+  run = tmp_path / "logs" / "r"
+  assert not (run / "summary.json").exists()  # It did not wait to write one.
 
 
 @pytest.mark.parametrize("argv", [["mpt"], [sys.executable, "-m", "mpt.main"]])

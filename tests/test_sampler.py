@@ -30,6 +30,7 @@ class FakeNvml:
 
 
 def test_cpu_figures_and_why_gpu_figures_are_absent():
+  # GPUs are hidden from the test session (conftest.py), whatever the host has.
   s = sampler_lib.Sampler(period_s=0.05).start()
   sum(range(3_000_000))  # Some work to sample.
   time.sleep(0.3)

@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -16,8 +15,9 @@ from mpt import config
 from mpt import sweep
 from mpt import sweep_report
 from mpt.errors import UserError
+from mpt.microbench import isa
 
-from conftest import ROOT, read_events
+from helpers import TINY_FLAGS, read_events, wait_for
 
 TINY = dict(mode="sweep", image_size=16, synthetic_train=20, synthetic_val=10,
             synthetic_px=20, epochs=1, steps_per_epoch=3, warmup_steps=1)
@@ -28,34 +28,58 @@ def tiny_sweep(tmp_path, **overrides) -> config.Config:
                           "logdir": str(tmp_path / "logs"), **overrides})
 
 
-def test_tiny_sweep_with_an_oom_cell_then_resume(tmp_path, monkeypatch, capsys):
-  monkeypatch.setenv("MPT_TEST_OOM_BATCH", "8")  # The children inherit it.
+@pytest.mark.slow
+def test_every_way_a_cell_ends_then_a_resume_reruns_only_the_failed(tmp_path,
+                                                                   monkeypatch, capsys):
+  # One cell of each ending, in children that inherit the injected faults: float32 at
+  # batch 8 runs out of memory, mixed_bfloat16 at 8 is SIGKILLed (as the kernel's OOM
+  # killer does), mixed_bfloat16 at 4 fails (a bug); float32 at 4 runs.
+  monkeypatch.setenv("MPT_INJECT_FAULT",
+                     "oom:8/float32,kill:8/mixed_bfloat16,fail:4/mixed_bfloat16")
   cfg = tiny_sweep(tmp_path, batch_sizes="4,8", policies="float32,mixed_bfloat16")
   result = sweep.run(cfg)
   assert result["status"] == "completed" and result["cells"] == 4
   out = sweep.sweep_dir(cfg)
   rows = sweep_report.read_csv(out / "sweep.csv")
   assert [(r["batch_size"], r["policy"], r["status"]) for r in rows] == [
-      ("4", "float32", "ok"), ("4", "mixed_bfloat16", "ok"),
+      ("4", "float32", "ok"), ("4", "mixed_bfloat16", "failed"),
       ("8", "float32", "OOM"), ("8", "mixed_bfloat16", "OOM")]
-  assert all(float(r["ms_per_step"]) > 0 for r in rows[:2])
+  assert float(rows[0]["ms_per_step"]) > 0
+  assert rows[1]["error"] == ("RuntimeError: injected failure "
+                              "(MPT_INJECT_FAULT=fail:4/mixed_bfloat16)")
   assert "ResourceExhaustedError: OOM when allocating" in rows[2]["error"]
-  assert rows[0]["tf_version"] and "avx" in rows[0]["cpu_isa"]
+  assert rows[3]["error"] == "killed (SIGKILL)"
+  cpu = isa.detect()  # The stand-in cpuinfo of the test session (conftest.py).
+  assert rows[0]["tf_version"] and rows[0]["cpu"] == cpu.name
+  assert rows[0]["cpu_isa"].split() == [k for k, v in cpu.isa().items() if v]
   table = (out / "sweep.md").read_text()
-  assert "| 8 | OOM | OOM | - |" in table and "mixed_bfloat16 vs float32" in table
+  assert "| 4 | " in table and "| 8 | OOM | OOM | - |" in table
+  assert "mixed_bfloat16 vs float32" in table
   assert (out / "sweep.png").stat().st_size > 0
   # Every finished cell is an HParams run under cells/.
   assert "final/ms_per_step" in read_events(rows[0]["run_dir"])
   assert "| 8 | OOM | OOM | - |" in capsys.readouterr().out  # printed at the end
+  failed_cell = out / "cells" / "seed_convnet_16px_b4_mixed_bfloat16_fit"
+  (failed_cell / "left_by_the_failed_run").write_text("")
 
-  # The same command again: nothing left to run; the table is the same.
-  monkeypatch.delenv("MPT_TEST_OOM_BATCH")
+  # The same command again: the ok and OOM cells are finished; the failed one runs
+  # again, in a clean folder; the table then has all four.
+  monkeypatch.delenv("MPT_INJECT_FAULT")
   assert sweep.run(cfg)["status"] == "completed"
-  assert "(4 already finished)" in capsys.readouterr().out
-  assert len(sweep_report.read_csv(out / "sweep.csv")) == 4
-  assert (out / "sweep.md").read_text() == table
+  printed = capsys.readouterr().out
+  assert "(3 already finished)" in printed
+  assert [l.split(" ...")[0] for l in printed.splitlines() if l.startswith("mpt: cell ")] == [
+      "mpt: cell 2/4 seed_convnet_16px_b4_mixed_bfloat16_fit"]
+  assert not (failed_cell / "left_by_the_failed_run").exists()
+  assert json.loads((failed_cell / "summary.json").read_text())["status"] == "completed"
+  rerun = sweep_report.read_csv(out / "sweep.csv")
+  assert [(r["batch_size"], r["policy"], r["status"]) for r in rerun][-1] == (
+      "4", "mixed_bfloat16", "ok")
+  table = (out / "sweep.md").read_text()
+  assert "| 8 | OOM | OOM | - |" in table and "failed" not in table
 
 
+@pytest.mark.slow
 def test_a_cell_past_its_timeout_is_recorded_and_the_sweep_goes_on(tmp_path):
   cfg = tiny_sweep(tmp_path, batch_sizes="4", cell_timeout=0.5)
   sweep.run(cfg)
@@ -80,21 +104,18 @@ def test_force_reruns_finished_cells(tmp_path, monkeypatch):
   assert ran == [cell]
 
 
-def test_ctrl_c_stops_the_running_cell_and_prints_the_partial_table(tmp_path):
-  proc = subprocess.Popen(
+@pytest.mark.slow
+def test_ctrl_c_stops_the_running_cell_and_prints_the_partial_table(tmp_path, children):
+  proc = children.start(
       [sys.executable, "-m", "mpt.main", "--mode=sweep", "--batch_sizes=4,5",
-       "--image_size=16", "--synthetic_train=20", "--synthetic_val=10",
-       "--synthetic_px=20", "--epochs=1000", "--steps_per_epoch=2", "--run_name=s",
+       *[f for f in TINY_FLAGS if not f.startswith("--batch_size=")],
+       "--epochs=1000", "--steps_per_epoch=2", "--run_name=s",
        f"--data_dir={tmp_path}/data", f"--logdir={tmp_path}/logs"],
-      cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-      start_new_session=True,
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
       # Started as `&` in a script starts it (and as CI runners may): SIGINT ignored.
       preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
   events = tmp_path / "logs" / "s" / "cells" / "seed_convnet_16px_b4_float32_fit"
-  deadline = time.time() + 180
-  while time.time() < deadline and "train/loss" not in (
-      read_events(events) if events.exists() else {}):
-    time.sleep(0.3)
+  assert wait_for(lambda: events.exists() and "train/loss" in read_events(events), 180)
   proc.send_signal(signal.SIGINT)  # As Ctrl-C in a terminal does (to the sweep).
   try:
     out, err = proc.communicate(timeout=240)

@@ -1,8 +1,10 @@
 """What the CPU can do: its SIMD/FMA/16-bit instruction sets, cores, clock, and the
 theoretical peak FLOP rate they add up to.
 
-Read from Linux's /proc/cpuinfo; elsewhere (or when it cannot be read) from the CPU
-features numpy detected at import, which covers x86 and ARM on every OS. The ISA map
+Read from Linux's /proc/cpuinfo, or from the file `MPT_CPUINFO` names (a cpuinfo
+recorded on another machine, so that everything mpt derives from the CPU can be
+checked for a CPU one does not have); elsewhere (or when it cannot be read) from the
+CPU features numpy detected at import, which covers x86 and ARM on every OS. The ISA map
 uses Linux's flag names (`avx2`, `fma`, `avx512f`, `avx512_bf16`, `amx_bf16`, ...).
 """
 
@@ -90,12 +92,18 @@ def numpy_features() -> set[str]:
   return {linux for linux, name in _NUMPY_NAMES.items() if found.get(name)}
 
 
-def detect(cpuinfo: str = "/proc/cpuinfo") -> Cpu:
+def cpuinfo_path() -> str:
+  """Where the CPU's facts are read: $MPT_CPUINFO if set, else /proc/cpuinfo."""
+  return os.environ.get("MPT_CPUINFO") or "/proc/cpuinfo"
+
+
+def detect(cpuinfo: str | None = None) -> Cpu:
   """This machine's CPU; falls back to numpy's feature detection, and says so."""
+  cpuinfo = cpuinfo or cpuinfo_path()
   try:
     cpu = parse_cpuinfo(pathlib.Path(cpuinfo).read_text())
     if cpu.logical_cpus:
-      return cpu
+      return dataclasses.replace(cpu, source=cpuinfo)
     reason = f"{cpuinfo} lists no processors"
   except OSError as e:
     reason = f"{cpuinfo} not readable ({e.strerror or e})"

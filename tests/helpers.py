@@ -1,0 +1,125 @@
+"""What several test files share: the repository's paths, tiny command lines, child
+processes that never outlive their test, and TensorBoard events read back from disk.
+
+Fixtures live in conftest.py; plain functions and classes live here, so that a test
+imports them by name instead of from conftest.
+"""
+
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+from typing import Callable
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+DATA = ROOT / "tests" / "data"
+CPUINFO = DATA / "cpuinfo"
+# Every /proc/cpuinfo the suite can stand in for the host (`pytest --cpuinfo=NAME`).
+CPUINFO_FIXTURES = sorted(p.name for p in CPUINFO.glob("*.txt"))
+
+# The CPU is split into this many logical devices for the whole session (conftest.py).
+CPU_DEVICES = 2
+
+# The tiny run of the command-line tests: 16 px, 20 images, batch 4.
+TINY_FLAGS = ["--image_size=16", "--batch_size=4", "--synthetic_train=20",
+              "--synthetic_val=10", "--synthetic_px=20", "--verbose=0"]
+
+
+def read_events(run_dir) -> dict[str, list[tuple[int, object]]]:
+  """{tag: [(step, value), ...]} of every summary in run_dir's event files.
+
+  Scalars come back as floats, text summaries as str.
+  """
+  import tensorflow as tf
+  from tensorboard.backend.event_processing import event_accumulator
+  acc = event_accumulator.EventAccumulator(
+      str(run_dir), size_guidance={event_accumulator.TENSORS: 0})
+  acc.Reload()
+  decode = lambda v: v.decode() if isinstance(v, bytes) else float(v)
+  events = {}
+  for tag in acc.Tags()["tensors"]:
+    values = [(e.step, tf.make_ndarray(e.tensor_proto)) for e in acc.Tensors(tag)]
+    if all(v.size == 1 for _, v in values):  # Not HParams' empty marker tensors.
+      events[tag] = [(step, decode(v.item())) for step, v in values]
+  return events
+
+
+def read_scalars(run_dir) -> dict[str, list[tuple[int, float]]]:
+  return {tag: values for tag, values in read_events(run_dir).items()
+          if values and isinstance(values[0][1], float)}
+
+
+def steps_by_tag(run_dir) -> dict[str, list[int]]:
+  """{tag: [step, ...]} in file order, for checks that no step is lost or doubled."""
+  return {tag: [step for step, _ in values] for tag, values in read_events(run_dir).items()}
+
+
+def tiny_cli(tmp_path, *flags: str) -> list[str]:
+  """argv of `python -m mpt.main` training in seconds on tiny data under tmp_path."""
+  return [sys.executable, "-m", "mpt.main", *TINY_FLAGS, f"--data_dir={tmp_path}",
+          f"--logdir={tmp_path}/logs", *flags]
+
+
+def mpt(*args: str, timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
+  """Runs `python -m mpt.main ARGS` from the repository to its end."""
+  return subprocess.run([sys.executable, "-m", "mpt.main", *args], cwd=ROOT,
+                        capture_output=True, text=True, timeout=timeout, **kwargs)
+
+
+def error_lines(stderr: str) -> list[str]:
+  """stderr without TensorFlow's own start-up chatter (which no flag silences)."""
+  noise = ("WARNING: All log messages", "I0000", "W0000", "E0000", "To enable the",
+           "oneDNN", "cuda", "CUDA", "computation placer", "absl::InitializeLog")
+  return [l for l in stderr.splitlines() if l.strip() and not
+          any(n in l for n in noise) and not l.startswith(("I1", "W1", "E1"))]
+
+
+def wait_for(condition: Callable[[], bool], timeout: float, every: float = 0.2) -> bool:
+  """Polls `condition` until it holds or `timeout` seconds pass; returns whether it held."""
+  deadline = time.time() + timeout
+  while time.time() < deadline:
+    if condition():
+      return True
+    time.sleep(every)
+  return condition()
+
+
+class Children:
+  """Child processes started by one test; `close()` kills those still running.
+
+  Each child leads its own process group, so a sweep's cell dies with the sweep.
+  """
+
+  def __init__(self):
+    self.procs: list[subprocess.Popen] = []
+
+  def start(self, argv: list[str], **kwargs) -> subprocess.Popen:
+    kwargs.setdefault("cwd", ROOT)
+    kwargs.setdefault("text", True)
+    kwargs.setdefault("start_new_session", True)
+    proc = subprocess.Popen(argv, **kwargs)
+    self.procs.append(proc)
+    return proc
+
+  def close(self) -> None:
+    for proc in self.procs:
+      if proc.poll() is None:
+        try:
+          os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+          pass
+        proc.communicate()
+
+
+def start_and_wait_for_an_epoch(children: Children, tmp_path, *flags: str,
+                                timeout: float = 120) -> subprocess.Popen:
+  """Starts a long tiny run named `r`; returns once its first epoch is in the events."""
+  proc = children.start(
+      tiny_cli(tmp_path, "--epochs=1000", "--steps_per_epoch=2", "--run_name=r", *flags),
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+  run = tmp_path / "logs" / "r"
+  seen = wait_for(lambda: run.exists() and "train/loss" in read_events(run), timeout)
+  assert seen, f"no epoch in {timeout} s (exit status {proc.poll()})"
+  return proc
