@@ -9,8 +9,7 @@
 - `FaultInjector` multiplies the loss by `--fault_factor` during `--fault_steps`, the
   same way in both loops (the shared loss reads the factor variable), to exercise
   loss scaling (1e30 overflows float16 gradients) and divergence (nan).
-- `inject_run_fault` ends a run the ways a sweep cell can end badly (out of memory,
-  killed, failed), driven by `MPT_INJECT_FAULT`.
+(The faults a sweep must survive are injected by mpt/injection.py.)
 """
 
 import math
@@ -21,7 +20,6 @@ from typing import Callable
 
 import keras
 import tensorflow as tf
-
 
 
 class Diverged(Exception):
@@ -99,28 +97,3 @@ class FaultInjector(keras.callbacks.Callback):
     self.step += 1
     inside = self.window[0] <= self.step <= self.window[1]
     self.var.assign(self.factor if inside else 1.0)
-
-
-def inject_run_fault(batch_size: int, policy: str) -> None:
-  """Fault injection for sweeps: `MPT_INJECT_FAULT=KIND:N[/POLICY][,...]` makes a run of
-  batch size N (under POLICY only, if given) end as a sweep must survive, right
-  before its first step. KIND is `oom` (TensorFlow's ResourceExhaustedError, as when
-  an allocation fails), `kill` (SIGKILL to itself, as the kernel's OOM killer does)
-  or `fail` (an exception, as a bug). No memory is exhausted: a real OOM cannot be
-  forced portably, and a sweep's handling of each ending must still be testable."""
-  for spec in filter(None, os.environ.get("MPT_INJECT_FAULT", "").split(",")):
-    kind, _, target = spec.partition(":")
-    batch, _, only = target.partition("/")
-    if kind not in ("oom", "kill", "fail") or not batch.isdigit():
-      raise ValueError(f"MPT_INJECT_FAULT: {spec!r} is not KIND:N[/POLICY] with KIND "
-                       "oom, kill or fail")
-    if int(batch) != batch_size or only not in ("", policy):
-      continue
-    if kind == "kill":
-      sys.stdout.flush()
-      os.kill(os.getpid(), signal.SIGKILL)
-    if kind == "oom":
-      raise tf.errors.ResourceExhaustedError(
-          None, None, f"OOM when allocating tensor with batch {batch_size} "
-          f"(injected: MPT_INJECT_FAULT={spec})")
-    raise RuntimeError(f"injected failure (MPT_INJECT_FAULT={spec})")

@@ -62,13 +62,15 @@ _MKL = re.compile(r"^_Mkl(?:Native)?")
 # their canonical name: `_FusedConv2D` is still the forward convolution.
 _FUSED = re.compile(r"^_?Fused(?=Conv2D|MatMul|BatchMatMul|DepthwiseConv2dNative|Conv3D)")
 _SUFFIX = re.compile(r"WithBias$")
-_RENAMED = {"_FusedBatchNormEx": "FusedBatchNormV3", "FusedBatchNormEx": "FusedBatchNormV3"}
+# Kernels named after something other than the op they stand for.
+_RENAMED = {"FusedBatchNormEx": "FusedBatchNormV3",
+            "Conv2DWithBiasBackpropBias": "BiasAddGrad"}
 
 
 def canonical_type(op_type: str) -> str:
   """The TensorFlow op an op type (as a trace on any CPU names it) stands for."""
   name = _MKL.sub("", op_type)
-  name = _RENAMED.get(name, name)
+  name = _RENAMED.get(name.lstrip("_"), name)
   name = _SUFFIX.sub("", _FUSED.sub("", name))
   return name or op_type
 

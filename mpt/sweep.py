@@ -34,6 +34,7 @@ from typing import Any
 
 from mpt import config
 from mpt import diagnose
+from mpt import injection
 from mpt import sweep_report
 from mpt.errors import UserError
 
@@ -147,7 +148,7 @@ def run_cell(cfg: config.Config, cell: dict[str, Any], out: pathlib.Path,
   row = {**cell, "run_dir": str(run_dir)}
   if proc.returncode == -signal.SIGKILL:  # Not by us: the kernel's OOM killer, mostly.
     return {**row, "status": "OOM", "error": "killed (SIGKILL)"}
-  if "ResourceExhaustedError" in stderr:
+  if proc.returncode and "ResourceExhaustedError" in stderr:
     return {**row, "status": "OOM", "error": _error_line(stderr)}
   if proc.returncode:
     return {**row, "status": "failed", "error": _error_line(stderr)}
@@ -161,6 +162,7 @@ def _stop(signum, frame):
 def run(cfg: config.Config) -> dict[str, Any]:
   """`--mode=sweep`: runs the missing cells, then writes and prints the report."""
   config.validate(cfg)
+  injection.injected_faults()  # A malformed MPT_INJECT_FAULT would fail every cell.
   todo = cells(cfg)
   out = sweep_dir(cfg)
   out.mkdir(parents=True, exist_ok=True)

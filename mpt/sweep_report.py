@@ -42,10 +42,16 @@ def from_summary(path: pathlib.Path) -> dict[str, Any]:
 
 
 def read_csv(path: pathlib.Path) -> list[dict[str, str]]:
+  """sweep.csv's rows, the newest per cell (a cell run again appends a row), in the
+  order the cells first appear."""
   if not path.exists():
     return []
   with path.open(newline="") as f:
-    return list(csv.DictReader(f))
+    latest = {}
+    for row in csv.DictReader(f):
+      key = tuple(row[k] for k in ("model", "image_size", "batch_size", "policy", "loop"))
+      latest[key + (row["jit_compile"].lower() in ("true", "1"),)] = row
+    return list(latest.values())
 
 
 def append_csv(path: pathlib.Path, row: dict[str, Any]) -> None:

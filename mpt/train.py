@@ -32,6 +32,7 @@ from mpt import diagnose
 from mpt import distribute
 from mpt import faults
 from mpt import hardware
+from mpt import injection
 from mpt import inspect
 from mpt import instrument
 from mpt import loops
@@ -117,6 +118,7 @@ def resume_config(cfg: config.Config) -> config.Config:
 def _prepare(cfg: config.Config):
   """Everything before the first step; UserError before any work where possible."""
   config.validate(cfg)
+  injection.injected_faults()  # A malformed MPT_INJECT_FAULT is bad input, said now.
   # First: devices and collectives can only be set up before TF's runtime starts.
   dist = distribute.setup(cfg)
   distribute.check_batch(cfg, dist)
@@ -230,7 +232,7 @@ def train_and_evaluate(cfg: config.Config) -> dict[str, Any]:
   status, message = "failed", None  # Until the loop returns or is stopped.
   try:
     stop.install()
-    faults.inject_run_fault(cfg.batch_size, cfg.policy)
+    injection.inject_run_fault(cfg.batch_size, cfg.policy)
     if sampler:
       sampler.start()
     with dist.strategy.scope():

@@ -70,17 +70,18 @@ def pytest_report_header(config):
 
 
 def _host_has_gpu() -> bool:
+  """An NVIDIA driver, devices not hidden by the user, and a TensorFlow built for CUDA."""
   host = os.environ["MPT_TEST_HOST_CUDA_VISIBLE_DEVICES"]
   if host in ("", "-1") or not (shutil.which("nvidia-smi") or
                                 pathlib.Path("/dev/nvidia0").exists()):
     return False
-  return True
+  return tf.test.is_built_with_cuda()
 
 
 def pytest_collection_modifyitems(config, items):
   if _host_has_gpu():
     return
-  skip = pytest.mark.skip(reason="no NVIDIA GPU on this host")
+  skip = pytest.mark.skip(reason="no NVIDIA GPU for a CUDA TensorFlow on this host")
   for item in items:
     if "gpu" in item.keywords:
       item.add_marker(skip)

@@ -105,7 +105,9 @@ class Children:
 
   def close(self) -> None:
     for proc in self.procs:
-      if proc.poll() is None:
+      # The whole group (a sweep's cells too), while the leader is not yet reaped:
+      # until then its pid, and so the group id, cannot be another process's.
+      if proc.returncode is None:
         try:
           os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:

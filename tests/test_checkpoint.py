@@ -66,7 +66,7 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run_bitwise(tmp_path, loo
   common = [sys.executable, "-m", "mpt.main", f"--loop={loop}", "--deterministic",
             "--epochs=5", "--image_size=32", "--batch_size=8", "--synthetic_train=64",
             "--synthetic_val=16", "--synthetic_px=40", "--checkpoint_every=3",
-            "--log_every=1", "--verbose=0", f"--data_dir={tmp_path}",
+            "--log_every=1", "--sample_every=0.1", "--verbose=0", f"--data_dir={tmp_path}",
             f"--logdir={tmp_path}/logs"]
   # Both runs at once: determinism does not depend on what else runs on the machine,
   # and the data generation is safe against a concurrent writer (mpt/synthetic.py).
@@ -76,8 +76,20 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run_bitwise(tmp_path, loo
                           stderr=subprocess.DEVNULL)
   run = tmp_path / "logs" / "killed"
   # Killed once scalars past its newest checkpoint are on disk: those must be pruned.
-  wait_for(lambda: run.exists() and 0 <= latest_checkpoint_step(run) < newest_event_step(run),
-           timeout=180, every=0.01)
+  # The child is frozen while its folder is read, so nothing changes between the
+  # look and the kill.
+  past_checkpoint = lambda: run.exists() and (
+      0 <= latest_checkpoint_step(run) < newest_event_step(run))
+
+  def frozen_past_checkpoint() -> bool:
+    if not past_checkpoint():
+      return False
+    killed.send_signal(signal.SIGSTOP)
+    if past_checkpoint():
+      return True
+    killed.send_signal(signal.SIGCONT)
+    return False
+  assert wait_for(frozen_past_checkpoint, timeout=180, every=0.05)
   killed.send_signal(signal.SIGKILL)
   killed.wait(timeout=60)
   _, err = full.communicate(timeout=300)
@@ -115,7 +127,8 @@ def test_two_deterministic_runs_give_identical_losses(tiny):
 
 
 def test_corrupt_latest_checkpoint_falls_back_and_prunes_the_later_events(tiny, capsys):
-  done = train.train_and_evaluate(tiny(checkpoint_every=4, loop="custom", log_every=2))
+  done = train.train_and_evaluate(tiny(checkpoint_every=4, loop="custom", log_every=2,
+                                       sample_every=0.05))
   run = pathlib.Path(done["run_dir"])
   ckpts = run / "checkpoints"
   assert sorted(p.name for p in ckpts.glob("*.index")) == [

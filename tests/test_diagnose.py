@@ -259,8 +259,11 @@ def test_readme_states_the_thresholds_the_code_uses():
   rows = {line.split("|")[1].strip(): line for line in
           (ROOT / "README.md").read_text().splitlines() if line.startswith("| ")}
   expected = {
-      "input bound": [f">= {d.INPUT_WAIT_SHARE:.0%}"],
-      "idle device / overhead": [f"< {d.UTILISATION:.0%}", f"< {d.SMALL_STEP_MS:g} ms"],
+      "input bound": [f">= {d.INPUT_WAIT_SHARE:.0%}",
+                      f"high from {2 * d.INPUT_WAIT_SHARE:.0%}"],
+      "idle device / overhead": [f"< {d.UTILISATION:.0%}",
+                                 f"data wait < {d.INPUT_WAIT_SHARE:.0%}",
+                                 f"< {d.SMALL_STEP_MS:g} ms"],
       "shared machine": [f">= {d.OTHERS_SHARE:.0%}"],
       "misaligned shapes": [f">= {d.MISALIGNED_SHARE:.0%}"],
       "32-bit work": [f">= {d.FLOAT32_FLOP_SHARE:.0%} of forward FLOPs",

@@ -134,7 +134,7 @@ def test_per_replica_batchnorm_statistics_differ_from_one_device(tiny):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("loop", ["fit", "custom"])
-def test_two_local_workers_train_and_only_the_chief_writes(tmp_path, loop):
+def test_two_local_workers_train_and_only_the_chief_writes(tmp_path, loop, children):
   flags = ["--image_size=16", "--batch_size=4", "--synthetic_train=20",
            "--synthetic_val=10", "--synthetic_px=20", "--epochs=2",
            "--steps_per_epoch=2", "--checkpoint_every=1", f"--loop={loop}",
@@ -148,15 +148,11 @@ def test_two_local_workers_train_and_only_the_chief_writes(tmp_path, loop):
   procs = []
   for index in (1, 0):
     env = {**os.environ, "TF_CONFIG": tf_configs[index], "TMPDIR": str(scratch)}
-    procs.append(subprocess.Popen(
+    procs.append(children.start(
         [sys.executable, "-m", "mpt.main", "--strategy=multi_worker",
          f"--logdir={tmp_path}/logs", *flags],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-  try:
-    outs = [p.communicate(timeout=240) for p in procs]
-  finally:
-    for p in procs:
-      p.kill()
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+  outs = [p.communicate(timeout=240) for p in procs]
   for p, (out, err) in zip(procs, outs):
     assert p.returncode == 0, err[-3000:]
   assert "worker:1 is not the chief" in outs[0][0]

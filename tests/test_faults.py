@@ -44,37 +44,32 @@ def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tiny, loop):
   assert json.loads((run / "summary.json").read_text())["status"] == "diverged"
 
 
-def test_collapsing_loss_scale_is_divergence(tiny):
-  # The default --min_loss_scale=1; the fit loop's stop: the next test.
-  summary = train.train_and_evaluate(tiny(loop="custom", policy="mixed_float16",
-                                          fault_factor=1e30, fault_steps="1,24"))
-  assert summary["status"] == "diverged"
-  assert "loss scale fell to 0.5" in summary["message"]
-  assert summary["steps"] == 16  # 2**15 halved 16 times is 0.5.
-
-
-@pytest.mark.parametrize("loop", ["fit", "custom"])
-def test_min_loss_scale_sets_where_a_collapsing_scale_stops(tiny, loop):
+# A dynamic scale starts at 2**15 and halves at each overflowing step: below
+# --min_loss_scale (default 1) the run stops as diverged.
+@pytest.mark.parametrize("loop,minimum,fell_to,steps", [
+    ("custom", None, "0.5", 16), ("fit", 1024, "512", 6), ("custom", 1024, "512", 6)])
+def test_collapsing_loss_scale_is_divergence(tiny, loop, minimum, fell_to, steps):
+  extra = {} if minimum is None else {"min_loss_scale": minimum}
   summary = train.train_and_evaluate(tiny(loop=loop, policy="mixed_float16",
-                                          min_loss_scale=1024, fault_factor=1e30,
-                                          fault_steps="1,24"))
+                                          fault_factor=1e30, fault_steps="1,24", **extra))
   assert summary["status"] == "diverged"
-  assert "loss scale fell to 512 (< --min_loss_scale=1024)" in summary["message"]
-  assert summary["steps"] == 6  # 2**15 halved 6 times is 512.
+  assert (f"loss scale fell to {fell_to} (< --min_loss_scale={minimum or 1})"
+          in summary["message"])
+  assert summary["steps"] == steps
 
 
 @pytest.mark.parametrize("loop", ["fit", "custom"])
 def test_a_fixed_loss_scale_never_skips_so_an_overflow_diverges(tiny, loop):
   summary = train.train_and_evaluate(tiny(loop=loop, policy="mixed_float16",
                                           loss_scale="256", fault_factor=1e30,
-                                          fault_steps="3,3"))
+                                          fault_steps="3,3", log_every=1))
   # Step 3's overflowed gradients are applied (a fixed scale never skips), so the
   # weights turn NaN and step 4's loss is NaN; the scale itself never moves.
   assert summary["status"] == "diverged"
   assert "diverged at step 4: loss is nan" in summary["message"]
   assert summary["loss_scale"] == 256.0 and summary["skipped_steps"] == 0
-  scale = read_scalars(summary["run_dir"]).get("precision/loss_scale", [])
-  assert {v for _, v in scale} <= {256.0}
+  scale = read_scalars(summary["run_dir"])["precision/loss_scale"]
+  assert [s for s, _ in scale] == [1, 2, 3, 4] and {v for _, v in scale} == {256.0}
 
 
 def test_cli_exit_status_for_divergence(tmp_path):

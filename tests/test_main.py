@@ -76,8 +76,8 @@ def test_offline_tfds_is_one_line_and_exit_2(tmp_path):
   proc = mpt("--dataset=imagenette/320px", f"--data_dir={tmp_path}",
              f"--logdir={tmp_path}/logs")
   assert proc.returncode == 2 and "not prepared" in proc.stderr
-  assert error_lines(proc.stderr) == [
-      l for l in error_lines(proc.stderr) if l.startswith("mpt: error: TFDS dataset")]
+  [line] = error_lines(proc.stderr)
+  assert line.startswith("mpt: error: TFDS dataset 'imagenette/320px' is not prepared")
 
 
 def test_ctrl_c_writes_an_interrupted_summary(tmp_path, children):

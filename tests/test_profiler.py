@@ -6,7 +6,6 @@ import pathlib
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 
 import pytest
@@ -34,6 +33,7 @@ RECORDED_TYPES = {
     "Conv2DBackpropInput": "Conv2DBackpropInput", "_FusedMatMul": "MatMul",
     "FusedBatchNormGradV3": "FusedBatchNormGradV3", "Cast": "Cast", "_MklCast": "Cast",
     "_Arg": "_Arg", "BiasAddGrad": "BiasAddGrad",
+    "_MklConv2DWithBiasBackpropBias": "BiasAddGrad",
 }
 
 
@@ -76,12 +76,13 @@ def test_window_writes_an_xplane_trace(tiny, loop):
   assert len(traces) == 1 and traces[0].stat().st_size > 1000
   # The run's diagnosis read the trace with the profile plugin's converter.
   stats = json.loads((pathlib.Path(summary["run_dir"]) / "op_stats.json").read_text())
-  types = {o["type"] for o in stats["top_ops"]}
-  kernels = {k for o in stats["top_ops"] for k in o["kernels"]}
   assert stats["rows"] == "Host" and stats["op_time_ms"] > 0
-  # Whatever this CPU's kernels are called, the three convolutions are found.
-  assert CONV <= types, (types, kernels)
-  assert {opstats.canonical_type(k) for k in kernels} == types
+  assert all(o["kernels"] for o in stats["top_ops"])
+  # Whatever this CPU's kernels are called, the three convolutions are found (in the
+  # whole table: on a fast CPU, tiny convolutions may fall out of the top ten).
+  rows = opstats.framework_op_stats(traces[0])
+  kernels = {r["type"] for r in rows if r["host_or_device"] == "Host"}
+  assert CONV <= {opstats.canonical_type(k) for k in kernels}, kernels
   assert {"conv1", "conv2", "conv3"} <= set(stats["layer_time_share"])
   assert sum(stats["layer_time_share"].values()) <= 1.0 + 1e-9
 
@@ -92,30 +93,27 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def test_tensorboard_profile_plugin_lists_the_run(tiny, tmp_path):
+def _profile_runs(port: int) -> list[str]:
+  """The runs TensorBoard's profile plugin lists; [] while the server is not up yet."""
+  try:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/data/plugin/profile/runs",
+                                timeout=5) as r:
+      body = r.read()
+      if r.headers.get("Content-Encoding") == "gzip":
+        body = gzip.decompress(body)
+      return json.loads(body)
+  except OSError:
+    return []
+
+
+def test_tensorboard_profile_plugin_lists_the_run(tiny, children):
   summary = train.train_and_evaluate(tiny(loop="custom", epochs=1, profile_steps="3,4",
                                           run_name="profiled"))
   port = _free_port()
-  tb = subprocess.Popen(
-      [sys.executable, "-m", "tensorboard.main", f"--logdir={pathlib.Path(summary['run_dir']).parent}",
-       "--host=127.0.0.1", f"--port={port}"],
-      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-  try:
-    runs, deadline = None, time.time() + 90
-    while time.time() < deadline:
-      try:
-        with urllib.request.urlopen(
-            f"http://127.0.0.1:{port}/data/plugin/profile/runs", timeout=5) as r:
-          body = r.read()
-          if r.headers.get("Content-Encoding") == "gzip":
-            body = gzip.decompress(body)
-          runs = json.loads(body)
-        if runs:
-          break
-      except OSError:
-        pass
-      time.sleep(1)
-    assert runs and any(run.startswith("profiled") for run in runs), runs
-  finally:
-    tb.terminate()
-    tb.wait(timeout=30)
+  children.start(
+      [sys.executable, "-m", "tensorboard.main",
+       f"--logdir={pathlib.Path(summary['run_dir']).parent}", "--host=127.0.0.1",
+       f"--port={port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  listed = []
+  wait_for(lambda: listed.extend(_profile_runs(port)) or bool(listed), timeout=90, every=1)
+  assert any(run.startswith("profiled") for run in listed), listed

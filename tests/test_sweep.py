@@ -72,11 +72,16 @@ def test_every_way_a_cell_ends_then_a_resume_reruns_only_the_failed(tmp_path,
       "mpt: cell 2/4 seed_convnet_16px_b4_mixed_bfloat16_fit"]
   assert not (failed_cell / "left_by_the_failed_run").exists()
   assert json.loads((failed_cell / "summary.json").read_text())["status"] == "completed"
+  # The CSV keeps both attempts; readers see the newest row of each cell.
+  assert len((out / "sweep.csv").read_text().splitlines()) == 1 + 5
   rerun = sweep_report.read_csv(out / "sweep.csv")
-  assert [(r["batch_size"], r["policy"], r["status"]) for r in rerun][-1] == (
-      "4", "mixed_bfloat16", "ok")
+  assert [(r["batch_size"], r["policy"], r["status"]) for r in rerun] == [
+      ("4", "float32", "ok"), ("4", "mixed_bfloat16", "ok"),
+      ("8", "float32", "OOM"), ("8", "mixed_bfloat16", "OOM")]
   table = (out / "sweep.md").read_text()
   assert "| 8 | OOM | OOM | - |" in table and "failed" not in table
+  diagnosis = json.loads((out / "diagnosis.json").read_text())
+  assert [c["status"] for c in diagnosis["cells"]] == ["ok", "ok", "OOM", "OOM"]
 
 
 @pytest.mark.slow
@@ -128,6 +133,23 @@ def test_ctrl_c_stops_the_running_cell_and_prints_the_partial_table(tmp_path, ch
   summary = json.loads((events / "summary.json").read_text())
   assert summary["status"] == "interrupted"  # The child was stopped, not killed.
   assert not (tmp_path / "logs" / "s" / "cells" / "seed_convnet_16px_b5_float32_fit").exists()
+
+  # Resumed (short epochs this time, so that it ends): the interrupted cell runs again
+  # and the one never started runs; the CSV ends with both done.
+  result = sweep.run(tiny_sweep(tmp_path, batch_sizes="4,5", run_name="s"))
+  assert result["status"] == "completed"
+  rows = sweep_report.read_csv(tmp_path / "logs" / "s" / "sweep.csv")
+  assert [(r["batch_size"], r["status"]) for r in rows] == [("4", "ok"), ("5", "ok")]
+  assert json.loads((events / "summary.json").read_text())["status"] == "completed"
+
+
+@pytest.mark.parametrize("spec", ["oom", "oom:x", "melt:4", "kill:4,oops"])
+def test_a_malformed_fault_injection_stops_the_sweep_before_any_cell(tmp_path,
+                                                                     monkeypatch, spec):
+  monkeypatch.setenv("MPT_INJECT_FAULT", spec)
+  with pytest.raises(UserError, match="is not KIND:N\\[/POLICY\\] with KIND oom, kill or fail"):
+    sweep.run(tiny_sweep(tmp_path, batch_sizes="4"))
+  assert not (tmp_path / "logs").exists()
 
 
 @pytest.mark.parametrize("overrides,words", [

@@ -99,8 +99,9 @@ def test_train_writes_summary_and_events(tiny, loop, policy):
 
 
 def test_fit_and_custom_follow_the_same_curve(tiny):
-  fit = train.train_and_evaluate(tiny(loop="fit", epochs=2))
-  custom = train.train_and_evaluate(tiny(loop="custom", epochs=2))
+  # Sampled often enough that both runs have utilisation scalars to compare.
+  fit = train.train_and_evaluate(tiny(loop="fit", epochs=2, sample_every=0.05))
+  custom = train.train_and_evaluate(tiny(loop="custom", epochs=2, sample_every=0.05))
   a, b = read_scalars(fit["run_dir"]), read_scalars(custom["run_dir"])
   for tag in ("train/loss", "eval/loss", "eval/accuracy"):
     assert [v for _, v in a[tag]] == pytest.approx([v for _, v in b[tag]], rel=1e-4), tag
@@ -157,6 +158,7 @@ def test_hparams_are_logged_for_the_dashboard(tiny):
   assert {"loop", "model", "image_size", "jit_compile", "dataset"} <= set(hparams)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("loop", ["fit", "custom"])
 def test_jit_compile_runs_the_step_through_xla(tmp_path, loop):
   # XLA says so once per process, at C++ INFO level: a child with that level shown.

@@ -1,0 +1,50 @@
+"""Fault injection for sweeps: `MPT_INJECT_FAULT=KIND:N[/POLICY],...` ends each run of
+batch size N (under POLICY only, if given) the way a sweep cell can end badly, right
+before its first step, so that the sweep's handling of every ending can be tested and
+shown: `oom`, `kill`, `fail`. Like `--fault_factor` for one run (mpt/faults.py), it is
+documented in the README; unset, it costs nothing.
+
+TensorFlow is imported only to raise its error, so the sweep (which imports no
+TensorFlow) can check the variable before its first cell.
+"""
+
+import os
+import signal
+import sys
+
+from mpt.errors import UserError
+
+
+def injected_faults() -> list[tuple[str, int, str]]:
+  """`MPT_INJECT_FAULT=KIND:N[/POLICY],...` as (kind, batch size, policy or "");
+  UserError naming the bad part, so a typo stops a sweep before its first cell."""
+  faults = []
+  for spec in filter(None, os.environ.get("MPT_INJECT_FAULT", "").split(",")):
+    kind, _, target = spec.partition(":")
+    batch, _, policy = target.partition("/")
+    if kind not in ("oom", "kill", "fail") or not batch.isdigit():
+      raise UserError(f"MPT_INJECT_FAULT: {spec!r} is not KIND:N[/POLICY] with KIND "
+                      "oom, kill or fail")
+    faults.append((kind, int(batch), policy))
+  return faults
+
+
+def inject_run_fault(batch_size: int, policy: str) -> None:
+  """Ends this run as `MPT_INJECT_FAULT` asks for its batch size and policy, right
+  before its first step: `oom` raises TensorFlow's ResourceExhaustedError (as when an
+  allocation fails), `kill` sends SIGKILL to itself (as the kernel's OOM killer does),
+  `fail` raises an exception (as a bug). No memory is exhausted: a real OOM cannot be
+  forced portably, and a sweep's handling of each ending must still be testable."""
+  for kind, batch, only in injected_faults():
+    if batch != batch_size or only not in ("", policy):
+      continue
+    spec = f"{kind}:{batch}" + (f"/{only}" if only else "")
+    if kind == "kill":
+      sys.stdout.flush()
+      os.kill(os.getpid(), signal.SIGKILL)
+    if kind == "oom":
+      import tensorflow as tf
+      raise tf.errors.ResourceExhaustedError(
+          None, None, f"OOM when allocating tensor with batch {batch_size} "
+          f"(injected: MPT_INJECT_FAULT={spec})")
+    raise RuntimeError(f"injected failure (MPT_INJECT_FAULT={spec})")
