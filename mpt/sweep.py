@@ -92,13 +92,6 @@ def _dataset_size(cfg: config.Config) -> int | None:
   return None
 
 
-def cell_id(cell: dict[str, Any]) -> str:
-  """The cell's name, the same for a fresh cell and for its row read back from CSV."""
-  xla = str(cell["jit_compile"]).lower() in ("true", "1")
-  return (f"{cell['model']}_{cell['image_size']}px_b{cell['batch_size']}_"
-          f"{cell['policy']}_{cell['loop']}{'_xla' if xla else ''}")
-
-
 def sweep_dir(cfg: config.Config) -> pathlib.Path:
   """logdir/<run_name>, or a name hashed from the flags that define the sweep."""
   if cfg.run_name:
@@ -110,7 +103,7 @@ def sweep_dir(cfg: config.Config) -> pathlib.Path:
 
 
 def _cell_flags(cfg: config.Config, cell: dict[str, Any], out: pathlib.Path) -> list[str]:
-  run = dataclasses.replace(cfg, mode="train", run_name=cell_id(cell),
+  run = dataclasses.replace(cfg, mode="train", run_name=sweep_report.cell_id(cell),
                             logdir=str(out / "cells"), verbose=0, **cell,
                             **{name: "" for name in AXES})
   return config.to_flagfile(run).splitlines()
@@ -125,7 +118,7 @@ def _error_line(stderr: str) -> str:
 def run_cell(cfg: config.Config, cell: dict[str, Any], out: pathlib.Path,
              timeout: float | None) -> dict[str, Any]:
   """Runs one cell as a child `python -m mpt.main`; returns its CSV row."""
-  name = cell_id(cell)
+  name = sweep_report.cell_id(cell)
   run_dir = out / "cells" / name
   if run_dir.exists():  # A rerun (--force, or after a failure) starts clean.
     import shutil
@@ -167,7 +160,8 @@ def run(cfg: config.Config) -> dict[str, Any]:
   out = sweep_dir(cfg)
   out.mkdir(parents=True, exist_ok=True)
   csv_path = out / "sweep.csv"
-  done = {} if cfg.force else {cell_id(r): r for r in sweep_report.read_csv(csv_path)
+  done = {} if cfg.force else {sweep_report.cell_id(r): r
+                               for r in sweep_report.read_csv(csv_path)
                                if r["status"] in FINISHED}
   env = sweep_report.environment()
   print(f"mpt: sweep of {len(todo)} cells in {out} ({len(done)} already finished)",
@@ -179,7 +173,7 @@ def run(cfg: config.Config) -> dict[str, Any]:
   previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGINT, signal.SIGTERM)}
   try:
     for i, cell in enumerate(todo, 1):
-      name = cell_id(cell)
+      name = sweep_report.cell_id(cell)
       if name in done:
         rows.append(done[name])
         continue

@@ -41,6 +41,13 @@ def from_summary(path: pathlib.Path) -> dict[str, Any]:
           "cpu_percent": util.get("process_cpu_percent", {}).get("mean")}
 
 
+def cell_id(cell: dict[str, Any]) -> str:
+  """The cell's name, the same for a fresh cell and for its row read back from CSV."""
+  xla = str(cell["jit_compile"]).lower() in ("true", "1")
+  return (f"{cell['model']}_{cell['image_size']}px_b{cell['batch_size']}_"
+          f"{cell['policy']}_{cell['loop']}{'_xla' if xla else ''}")
+
+
 def read_csv(path: pathlib.Path) -> list[dict[str, str]]:
   """sweep.csv's rows, the newest per cell (a cell run again appends a row), in the
   order the cells first appear."""
@@ -49,8 +56,7 @@ def read_csv(path: pathlib.Path) -> list[dict[str, str]]:
   with path.open(newline="") as f:
     latest = {}
     for row in csv.DictReader(f):
-      key = tuple(row[k] for k in ("model", "image_size", "batch_size", "policy", "loop"))
-      latest[key + (row["jit_compile"].lower() in ("true", "1"),)] = row
+      latest[cell_id(row)] = row
     return list(latest.values())
 
 

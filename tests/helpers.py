@@ -51,11 +51,6 @@ def read_scalars(run_dir) -> dict[str, list[tuple[int, float]]]:
           if values and isinstance(values[0][1], float)}
 
 
-def steps_by_tag(run_dir) -> dict[str, list[int]]:
-  """{tag: [step, ...]} in file order, for checks that no step is lost or doubled."""
-  return {tag: [step for step, _ in values] for tag, values in read_events(run_dir).items()}
-
-
 def tiny_cli(tmp_path, *flags: str) -> list[str]:
   """argv of `python -m mpt.main` training in seconds on tiny data under tmp_path."""
   return [sys.executable, "-m", "mpt.main", *TINY_FLAGS, f"--data_dir={tmp_path}",
@@ -66,14 +61,6 @@ def mpt(*args: str, timeout: float = 300, **kwargs) -> subprocess.CompletedProce
   """Runs `python -m mpt.main ARGS` from the repository to its end."""
   return subprocess.run([sys.executable, "-m", "mpt.main", *args], cwd=ROOT,
                         capture_output=True, text=True, timeout=timeout, **kwargs)
-
-
-def error_lines(stderr: str) -> list[str]:
-  """stderr without TensorFlow's own start-up chatter (which no flag silences)."""
-  noise = ("WARNING: All log messages", "I0000", "W0000", "E0000", "To enable the",
-           "oneDNN", "cuda", "CUDA", "computation placer", "absl::InitializeLog")
-  return [l for l in stderr.splitlines() if l.strip() and not
-          any(n in l for n in noise) and not l.startswith(("I1", "W1", "E1"))]
 
 
 def wait_for(condition: Callable[[], bool], timeout: float, every: float = 0.2) -> bool:

@@ -9,7 +9,15 @@ import sys
 
 import pytest
 
-from helpers import ROOT, error_lines, mpt, read_events, start_and_wait_for_an_epoch
+from helpers import ROOT, mpt, read_events, start_and_wait_for_an_epoch
+
+
+def error_lines(stderr: str) -> list[str]:
+  """stderr without TensorFlow's own start-up chatter (which no flag silences)."""
+  noise = ("WARNING: All log messages", "I0000", "W0000", "E0000", "To enable the",
+           "oneDNN", "cuda", "CUDA", "computation placer", "absl::InitializeLog")
+  return [l for l in stderr.splitlines() if l.strip() and not
+          any(n in l for n in noise) and not l.startswith(("I1", "W1", "E1"))]
 
 
 @pytest.mark.parametrize("args,words", [
