@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 
-from mpt import distribute
+from mpt.train import distribute
 
 
 def run_cell(out: str, name: str, workers: int = 1, **flags) -> dict:

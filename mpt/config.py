@@ -1,10 +1,13 @@
-"""The run configuration: every flag of `mpt.main`, its default and its check.
+"""One training run's configuration: its fields, defaults and checks, and its flagfile.
 
-`Config` is the single source of truth. `mpt.main` turns each field into an absl flag
-(so `--batch_size=64` and `--flagfile=experiments/seed.flags` work), tests build a
-`Config(...)` directly, and a run writes its config back out as a replayable flagfile.
-Defaults are sized for a laptop CPU: `python -m mpt.main` trains the seed convnet on
-the generated synthetic data in about a minute on 2 cores.
+`Config` holds what one training run needs, grouped in the order a run uses it; its
+field names are the command-line flag names. The other modes' flags are their own
+dataclasses (mpt/sweep/options.py, mpt/microbench/options.py,
+mpt/diagnose/options.py), built with the same `flag()` and checked by the same
+`validate()`; mpt/main.py defines one absl flag per field of all of them. Tests build
+a `Config(...)` directly, and a run writes its Config back out as a replayable
+flagfile (flags.txt). Defaults are sized for a laptop CPU: `python -m mpt.main` trains
+the seed convnet on the generated synthetic data in about a minute on 2 cores.
 """
 
 import dataclasses
@@ -14,12 +17,19 @@ from mpt.errors import UserError
 
 POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
 LOOPS = ("fit", "custom")
-MODES = ("train", "inspect", "microbench", "sweep", "diagnose")
 STRATEGIES = ("default", "mirrored", "multi_worker", "tpu")
+# Flags of the other modes (and --mode itself). A run's flags.txt written before the
+# modes had their own options lists them all; reading one ignores them. A test checks
+# this against the options classes.
+OTHER_MODES_FLAGS = frozenset({
+    "mode", "run", "batch_sizes", "policies", "loops", "image_sizes", "models",
+    "jit_compiles", "cell_timeout", "force", "microbench_sizes", "microbench_dtypes",
+    "quick", "compare_python"})
 
 
-def _field(default: Any, help: str, choices: tuple[str, ...] | None = None,
-           lower_bound: float | None = None) -> Any:
+def flag(default: Any, help: str, choices: tuple[str, ...] | None = None,
+         lower_bound: float | None = None) -> Any:
+  """A dataclass field that is also a command-line flag (see mpt/main.py)."""
   return dataclasses.field(default=default, metadata=dict(
       help=help, choices=choices, lower_bound=lower_bound))
 
@@ -27,141 +37,134 @@ def _field(default: Any, help: str, choices: tuple[str, ...] | None = None,
 @dataclasses.dataclass
 class Config:
   """One training run. Field names are the command-line flag names."""
-  mode: str = _field("train", "`train` a model, `inspect` its per-layer dtypes and "
-                     "FLOPs without training, `microbench` the CPU and TensorFlow, "
-                     "`sweep` batch sizes x policies x loops, or `diagnose` an existing "
-                     "run or sweep folder (--run).", choices=MODES)
-  run: str = _field("", "--mode=diagnose: the run or sweep folder (logs/<run>) to "
-                    "explain: why mixed precision did or did not speed it up.")
-  policy: str = _field("float32", "Keras dtype policy, set globally before the model "
+  # What runs.
+  policy: str = flag("float32", "Keras dtype policy, set globally before the model "
                        "is built.", choices=POLICIES)
-  loop: str = _field("fit", "Who drives the train step: Keras `fit`, or mpt's own "
+  loop: str = flag("fit", "Who drives the train step: Keras `fit`, or mpt's own "
                      "tf.function loop (`custom`).", choices=LOOPS)
-  model: str = _field("seed_convnet", "Model variant from the registry in "
+  model: str = flag("seed_convnet", "Model variant from the registry in "
                       "mpt/models.py.")
-  model_opts: str = _field("", "Options of the --model builder, "
+  model_opts: str = flag("", "Options of the --model builder, "
                            "`key=value,key=value` (e.g. resnet: depth=10,width=32).")
-  dataset: str = _field(
+
+  # Data.
+  dataset: str = flag(
       "synthetic", "`synthetic` (generated offline), `folder:PATH` (imagenette2-320 "
       "layout: PATH/train/<class>/*.JPEG, PATH/val/<class>/*.JPEG) or a TFDS name "
       "such as `imagenette/320px`.")
-  data_dir: str = _field("", "TFDS data_dir; for `synthetic`, where the generated "
+  data_dir: str = flag("", "TFDS data_dir; for `synthetic`, where the generated "
                          "JPEGs are cached (default ~/.cache/mpt).")
-  download: bool = _field(False, "Let TFDS download and prepare the dataset.")
-  image_size: int = _field(64, "Images are resized to image_size x image_size "
+  download: bool = flag(False, "Let TFDS download and prepare the dataset.")
+  image_size: int = flag(64, "Images are resized to image_size x image_size "
                            "(the seed used 256).", lower_bound=1)
-  batch_size: int = _field(32, "Global batch size: each step's batch, split evenly "
+  batch_size: int = flag(32, "Global batch size: each step's batch, split evenly "
                            "across the replicas of --strategy.", lower_bound=1)
-  epochs: int = _field(4, "Training epochs.", lower_bound=1)
-  steps_per_epoch: int = _field(0, "Cap on train steps per epoch; 0 = one pass over "
-                                "the training set.", lower_bound=0)
-  learning_rate: float = _field(1e-3, "Adam learning rate.")
-  bn_momentum: float = _field(
-      0.9, "BatchNorm moving-average momentum. Keras' default 0.99 (the seed's) "
-      "leaves the moving statistics unsettled in short runs.")
-  seed: int = _field(0, "Seeds weights, shuffling and synthetic data generation.")
-  strategy: str = _field(
-      "default", "tf.distribute strategy: `default` (one device), `mirrored` (this "
-      "machine's GPUs, or --cpu_devices logical CPUs), `multi_worker` (the cluster in "
-      "TF_CONFIG), `tpu` (untested).", choices=STRATEGIES)
-  cpu_devices: int = _field(0, "Split the CPU into N logical devices, so that "
-                            "--strategy=mirrored runs N replicas on a CPU-only "
-                            "machine; 0 = leave the CPU as one device.", lower_bound=0)
-  sync_batchnorm: bool = _field(
-      True, "With more than one replica, BatchNorm statistics over the global batch "
-      "(Keras synchronized=True), so results match one device; --nosync_batchnorm "
-      "uses per-replica statistics (one all-reduce fewer per BatchNorm layer).")
-  tf32: bool = _field(True, "On Ampere or newer GPUs, float32 matmuls and "
-                      "convolutions run as TF32 on Tensor Cores (TensorFlow's "
-                      "default); --notf32 measures a plain FP32 baseline. No effect "
-                      "on CPUs.")
-  jit_compile: bool = _field(False, "Compile the train/eval step with XLA in both "
-                             "loops.")
-  logdir: str = _field("logs", "Root folder of run folders (TensorBoard --logdir).")
-  run_name: str = _field("", "Run folder name under logdir; default "
-                         "<time>_<model>_<policy>_<loop>. Never overwritten: a "
-                         "suffix is added if it exists.")
-  synthetic_train: int = _field(1300, "Synthetic training images (all classes).",
+  synthetic_train: int = flag(1300, "Synthetic training images (all classes).",
                                 lower_bound=10)
-  synthetic_val: int = _field(500, "Synthetic validation images.", lower_bound=10)
-  synthetic_px: int = _field(160, "Longest side of the generated JPEGs (Imagenette's "
+  synthetic_val: int = flag(500, "Synthetic validation images.", lower_bound=10)
+  synthetic_px: int = flag(160, "Longest side of the generated JPEGs (Imagenette's "
                              "320px version has 320).", lower_bound=16)
-  shuffle_buffer: int = _field(0, "Shuffle buffer; 0 = the whole training set (the "
+  shuffle_buffer: int = flag(0, "Shuffle buffer; 0 = the whole training set (the "
                                "seed used 12895/batch_size).", lower_bound=0)
-  input_work: int = _field(0, "Extra per-example work in the training input "
+  input_work: int = flag(0, "Extra per-example work in the training input "
                            "pipeline: N passes of a 3x3 blur over each image, computed "
                            "and then discarded, to make a run input bound on purpose.",
                            lower_bound=0)
-  cache: str = _field("memory", "Where the resized float32 images are cached: "
+  cache: str = flag("memory", "Where the resized float32 images are cached: "
                       "`memory`, `none`, or a file path prefix.")
-  warmup_steps: int = _field(5, "Steps at the start of the run left out of "
-                             "ms_per_step (tracing, allocator and cache warm-up).",
-                             lower_bound=0)
-  instrument: bool = _field(True, "Data-wait timing, utilisation sampling, per-step "
-                            "perf/precision/util scalars, dtype inspection, HParams. "
-                            "--noinstrument measures their cost; ms_per_step stays.")
-  log_every: int = _field(10, "Steps between perf/, precision/ and util/ scalars.",
-                          lower_bound=1)
-  sample_every: float = _field(1.0, "Seconds between utilisation samples.")
-  profile_steps: str = _field("", "A,B: profile global train steps A..B (1-based, "
-                              "after warm-up) into the run folder.")
-  resume: str = _field("", "Run folder (logs/<run>) to continue from its latest "
-                       "checkpoint, with the flags it was started with.")
-  checkpoint_every: int = _field(100, "Steps between checkpoints (also saved at each "
-                                 "epoch end and on interruption); 0 = epoch ends only.",
-                                 lower_bound=0)
-  keep_checkpoints: int = _field(3, "Checkpoints kept in <run>/checkpoints.",
-                                 lower_bound=1)
-  deterministic: bool = _field(False, "TensorFlow op determinism: repeated runs give "
+
+  # Training.
+  epochs: int = flag(4, "Training epochs.", lower_bound=1)
+  steps_per_epoch: int = flag(0, "Cap on train steps per epoch; 0 = one pass over "
+                                "the training set.", lower_bound=0)
+  learning_rate: float = flag(1e-3, "Adam learning rate.")
+  bn_momentum: float = flag(
+      0.9, "BatchNorm moving-average momentum. Keras' default 0.99 (the seed's) "
+      "leaves the moving statistics unsettled in short runs.")
+  seed: int = flag(0, "Seeds weights, shuffling and synthetic data generation.")
+  deterministic: bool = flag(False, "TensorFlow op determinism: repeated runs give "
                                "bitwise-identical results (slower on GPUs).")
-  loss_scale: str = _field("dynamic", "mixed_float16 loss scaling: `dynamic`, or a "
+  loss_scale: str = flag("dynamic", "mixed_float16 loss scaling: `dynamic`, or a "
                            "fixed number.")
-  min_loss_scale: float = _field(1.0, "A dynamic loss scale that falls below this "
+  min_loss_scale: float = flag(1.0, "A dynamic loss scale that falls below this "
                                  "means gradients stay non-finite: the run stops as "
                                  "diverged.")
-  fault_factor: float = _field(1.0, "Fault injection for testing: multiply the loss "
-                               "by this (1e30 overflows float16, nan diverges) during "
-                               "--fault_steps.")
-  fault_steps: str = _field("", "A,B: global steps the --fault_factor applies to.")
-  batch_sizes: str = _field("", "--mode=sweep: batch sizes, comma-separated "
-                            "(default: --batch_size).")
-  policies: str = _field("", "--mode=sweep: policies, comma-separated (default: "
-                         "--policy).")
-  loops: str = _field("", "--mode=sweep: loops, comma-separated (default: --loop).")
-  image_sizes: str = _field("", "--mode=sweep: image sizes (default: --image_size).")
-  models: str = _field("", "--mode=sweep: model variants (default: --model).")
-  jit_compiles: str = _field("", "--mode=sweep: `false,true` runs every cell with and "
-                             "without XLA (default: --jit_compile).")
-  cell_timeout: float = _field(0.0, "--mode=sweep: seconds before a cell is killed "
-                               "and recorded as `timeout`; 0 = no limit.")
-  force: bool = _field(False, "--mode=sweep: rerun cells the sweep folder already "
-                       "holds.")
-  microbench_sizes: str = _field("256,512,1024,2048", "--mode=microbench: square "
-                                 "matmul sizes, comma-separated.")
-  microbench_dtypes: str = _field("float32,bfloat16,float16", "--mode=microbench: "
-                                  "matmul/conv dtypes, comma-separated.")
-  quick: bool = _field(False, "--mode=microbench: tiny sizes and few samples "
-                       "(seconds; for tests).")
-  compare_python: str = _field("", "--mode=microbench: also measure under this "
-                               "Python interpreter (e.g. a venv with a source-built "
-                               "TensorFlow) and print both columns and their ratio.")
-  verbose: int = _field(1, "Keras progress bar: 0 silent, 1 bar, 2 one line per "
+
+  # Devices.
+  strategy: str = flag(
+      "default", "tf.distribute strategy: `default` (one device), `mirrored` (this "
+      "machine's GPUs, or --cpu_devices logical CPUs), `multi_worker` (the cluster in "
+      "TF_CONFIG), `tpu` (untested).", choices=STRATEGIES)
+  cpu_devices: int = flag(0, "Split the CPU into N logical devices, so that "
+                            "--strategy=mirrored runs N replicas on a CPU-only "
+                            "machine; 0 = leave the CPU as one device.", lower_bound=0)
+  sync_batchnorm: bool = flag(
+      True, "With more than one replica, BatchNorm statistics over the global batch "
+      "(Keras synchronized=True), so results match one device; --nosync_batchnorm "
+      "uses per-replica statistics (one all-reduce fewer per BatchNorm layer).")
+  tf32: bool = flag(True, "On Ampere or newer GPUs, float32 matmuls and "
+                      "convolutions run as TF32 on Tensor Cores (TensorFlow's "
+                      "default); --notf32 measures a plain FP32 baseline. No effect "
+                      "on CPUs.")
+  jit_compile: bool = flag(False, "Compile the train/eval step with XLA in both "
+                             "loops.")
+
+  # Measurement.
+  warmup_steps: int = flag(5, "Steps at the start of the run left out of "
+                             "ms_per_step (tracing, allocator and cache warm-up).",
+                             lower_bound=0)
+  instrument: bool = flag(True, "Data-wait timing, utilisation sampling, per-step "
+                            "perf/precision/util scalars, dtype inspection, HParams. "
+                            "--noinstrument measures their cost; ms_per_step stays.")
+  log_every: int = flag(10, "Steps between perf/, precision/ and util/ scalars.",
+                          lower_bound=1)
+  sample_every: float = flag(1.0, "Seconds between utilisation samples.")
+  profile_steps: str = flag("", "A,B: profile global train steps A..B (1-based, "
+                              "after warm-up) into the run folder.")
+
+  # Output, checkpoints and resume.
+  logdir: str = flag("logs", "Root folder of run folders (TensorBoard --logdir).")
+  run_name: str = flag("", "Run folder name under logdir; default "
+                         "<time>_<model>_<policy>_<loop>. Never overwritten: a "
+                         "suffix is added if it exists.")
+  verbose: int = flag(1, "Keras progress bar: 0 silent, 1 bar, 2 one line per "
                         "epoch.", lower_bound=0)
 
+  checkpoint_every: int = flag(100, "Steps between checkpoints (also saved at each "
+                                 "epoch end and on interruption); 0 = epoch ends only.",
+                                 lower_bound=0)
+  keep_checkpoints: int = flag(3, "Checkpoints kept in <run>/checkpoints.",
+                                 lower_bound=1)
+  resume: str = flag("", "Run folder (logs/<run>) to continue from its latest "
+                       "checkpoint, with the flags it was started with.")
 
-def fields() -> tuple[dataclasses.Field, ...]:
-  return dataclasses.fields(Config)
+  # Fault injection, for testing.
+  fault_factor: float = flag(1.0, "Fault injection for testing: multiply the loss "
+                               "by this (1e30 overflows float16, nan diverges) during "
+                               "--fault_steps.")
+  fault_steps: str = flag("", "A,B: global steps the --fault_factor applies to.")
 
 
-def validate(cfg: Config) -> Config:
-  """Checks what a flag parser cannot; raises UserError with a one-line reason."""
-  for f in fields():
+def fields(options: Any = None) -> tuple[dataclasses.Field, ...]:
+  """The fields (flags) of Config, or of another options dataclass or instance."""
+  return dataclasses.fields(options or Config)
+
+
+def validate(cfg: Any) -> Any:
+  """Checks what a flag parser cannot; raises UserError with a one-line reason.
+
+  Any options dataclass built with `flag()` gets the choices and bounds checks; a
+  Config also the checks of one run.
+  """
+  for f in fields(cfg):
     value = getattr(cfg, f.name)
     choices, bound = f.metadata["choices"], f.metadata["lower_bound"]
     if choices and value not in choices:
       raise UserError(f"unknown --{f.name}={value!r}; valid: {', '.join(choices)}")
     if bound is not None and value < bound:
       raise UserError(f"--{f.name} must be >= {bound:g}, got {value}")
+  if not isinstance(cfg, Config):
+    return cfg
   if not cfg.learning_rate > 0:
     raise UserError(f"--learning_rate must be > 0, got {cfg.learning_rate}")
   if not cfg.sample_every > 0:
@@ -210,6 +213,8 @@ def from_flagfile(text: str) -> Config:
       value = int(value)
     elif types.get(name) is float:
       value = float(value)
+    if name in OTHER_MODES_FLAGS and name not in types:
+      continue
     if name not in types:
       raise UserError(f"unknown flag --{name} in flags file")
     values[name] = value

@@ -1,12 +1,16 @@
-"""Command line: parses flags and hands a `Config` to the mode that runs it.
+"""Command line: flags -> options -> the mode table, the one place that knows every mode.
 
   python -m mpt.main                                   # default run, ~1 min on 2 cores
   python -m mpt.main --policy=mixed_float16 --loop=custom
   python -m mpt.main --flagfile=experiments/seed.flags
 
-Every flag is a field of `mpt.config.Config` (see there, or `--helpfull`). Bad input
-ends in one `mpt: error: ...` line and exit status 2; Ctrl-C in exit status 130 with the
-run's summary.json written (status `interrupted`), a diverged run in exit status 3.
+Every flag is a field of one options dataclass: `mpt.config.Config` (one training
+run), `SweepOptions`, `MicrobenchOptions` or `DiagnoseOptions` (the wings' own), plus
+`--mode`. The wings are imported only when their mode runs, so `--help` and flag errors
+answer without importing TensorFlow. After `train` and `sweep`, the diagnosis runs on
+the folder they wrote. Bad input ends in one `mpt: error: ...` line and exit status 2;
+Ctrl-C in exit status 130 with the run's summary.json written (status `interrupted`), a
+diverged run in exit status 3.
 """
 
 import logging as std_logging
@@ -16,18 +20,64 @@ from absl import app
 from absl import flags
 
 from mpt import config
+from mpt.diagnose.options import DiagnoseOptions
 from mpt.errors import UserError
+from mpt.microbench.options import MicrobenchOptions
+from mpt.sweep.options import SweepOptions
 
 FLAGS = flags.FLAGS
+
+
+def _train(cfg, opts):
+  from mpt.diagnose import diagnosis
+  from mpt.train import run
+  return run.train_and_evaluate(cfg, after_run=diagnosis.after_run)
+
+
+def _inspect(cfg, opts):
+  from mpt.train import run
+  return run.inspect_only(cfg)
+
+
+def _microbench(cfg, opts):
+  from mpt.microbench import run
+  return run.run(cfg, opts[MicrobenchOptions])
+
+
+def _sweep(cfg, opts):
+  from mpt.diagnose import diagnosis
+  from mpt.sweep import run
+  return run.run(cfg, opts[SweepOptions], after_run=diagnosis.after_run)
+
+
+def _diagnose(cfg, opts):
+  from mpt.diagnose import diagnosis
+  return diagnosis.run(opts[DiagnoseOptions])
+
+
+# THE mode table. Each entry imports its wing when it runs. `train` and `sweep` get
+# the diagnosis as their after-run step (a wing never imports another wing).
+MODES = {"train": _train, "inspect": _inspect, "microbench": _microbench,
+         "sweep": _sweep, "diagnose": _diagnose}
+OPTIONS = (config.Config, SweepOptions, MicrobenchOptions, DiagnoseOptions)
 EXIT_CODES = {"completed": 0, "interrupted": 130, "diverged": 3}
 # With --resume a run continues with the flags it was started with; only these may be
 # given along with it.
 RESUME_FLAGS = {"resume", "verbose", "flagfile"}
 
 
+def all_fields():
+  """Every flag but --mode: the fields of Config and of each mode's options."""
+  return [f for options in OPTIONS for f in config.fields(options)]
+
+
 def _define_flags() -> None:
-  """One absl flag per Config field, with the field's default, help and bounds."""
-  for f in config.fields():
+  """--mode, and one absl flag per options field, with its default, help and bounds."""
+  flags.DEFINE_enum(
+      "mode", "train", list(MODES), "`train` a model, `inspect` its per-layer dtypes "
+      "and FLOPs without training, `microbench` the CPU and TensorFlow, `sweep` batch "
+      "sizes x policies x loops, or `diagnose` an existing run or sweep folder (--run).")
+  for f in all_fields():
     meta, default = f.metadata, f.default
     if meta["choices"]:
       flags.DEFINE_enum(f.name, default, list(meta["choices"]), meta["help"])
@@ -53,18 +103,18 @@ def main(argv: list[str]) -> int:
     print(f"mpt: error: unexpected arguments {argv[1:]}; flags look like "
           "--name=value", file=sys.stderr)
     return 2
-  cfg = config.Config(**{f.name: getattr(FLAGS, f.name) for f in config.fields()})
+  opts = {cls: cls(**{f.name: getattr(FLAGS, f.name) for f in config.fields(cls)})
+          for cls in OPTIONS}
+  cfg = opts[config.Config]
   if cfg.resume:
-    extra = sorted(f.name for f in config.fields()
-                   if FLAGS[f.name].present and f.name not in RESUME_FLAGS)
+    extra = sorted(name for name in ["mode"] + [f.name for f in all_fields()]
+                   if FLAGS[name].present and name not in RESUME_FLAGS)
     if extra:
       print(f"mpt: error: --resume continues a run with the flags it was started with;"
             f" drop --{', --'.join(extra)}", file=sys.stderr)
       return 2
   try:
-    # Imported here so that flag errors and --help answer without importing TF.
-    from mpt import train
-    summary = train.MODES[cfg.mode](cfg)
+    summary = MODES[FLAGS.mode](cfg, opts)
   except UserError as e:
     print(f"mpt: error: {e}", file=sys.stderr)
     return 2
@@ -78,8 +128,8 @@ def run() -> None:
   """Console-script entry point (`mpt ...`)."""
   # absl's --help lists the main script's key flags; for the `mpt` wrapper script that
   # is not this module, so name ours as its key flags.
-  for f in config.fields():
-    FLAGS.register_key_flag_for_module(sys.argv[0], FLAGS[f.name])
+  for name in ["mode"] + [f.name for f in all_fields()]:
+    FLAGS.register_key_flag_for_module(sys.argv[0], FLAGS[name])
   app.run(main)
 
 

@@ -112,3 +112,11 @@ def start_and_wait_for_an_epoch(children: Children, tmp_path, *flags: str,
   seen = wait_for(lambda: run.exists() and "train/loss" in read_events(run), timeout)
   assert seen, f"no epoch in {timeout} s (exit status {proc.poll()})"
   return proc
+
+
+def train_run(cfg):
+  """One training run in this process as `python -m mpt.main` runs it (mpt/main.py):
+  training, then the diagnosis of its folder as the after-run step."""
+  from mpt.diagnose import diagnosis
+  from mpt.train import run
+  return run.train_and_evaluate(cfg, after_run=diagnosis.after_run)

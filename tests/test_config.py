@@ -5,6 +5,8 @@ import pytest
 from mpt import config
 from mpt.errors import UserError
 
+from helpers import DATA
+
 
 @pytest.mark.parametrize("field,value,words", [
     ("policy", "mixed_int8", "valid: float32, mixed_float16, mixed_bfloat16"),
@@ -38,3 +40,25 @@ def test_flagfile_replays_the_config():
       fv[name] = main.FLAGS[name]
   fv(["prog"] + config.to_flagfile(cfg).split())
   assert config.Config(**{f.name: fv[f.name].value for f in config.fields()}) == cfg
+
+
+def test_other_modes_flags_are_exactly_the_mode_options_fields():
+  from mpt import main
+  others = {f.name for cls in main.OPTIONS if cls is not config.Config
+            for f in config.fields(cls)}
+  assert config.OTHER_MODES_FLAGS == others | {"mode"}
+  assert not others & {f.name for f in config.fields()}  # No flag in two places.
+
+
+def test_a_flags_txt_written_before_the_options_split_still_reads():
+  old = DATA / "runs" / "f16_custom" / "flags.txt"
+  text = old.read_text()
+  assert "--batch_sizes=" in text and "--mode=train" in text  # The old 55-flag layout.
+  cfg = config.from_flagfile(text)
+  assert (cfg.policy, cfg.loop) == ("mixed_float16", "custom")
+  assert config.from_flagfile(config.to_flagfile(cfg)) == cfg
+
+
+def test_an_unknown_flag_in_a_flags_file_is_still_an_error():
+  with pytest.raises(UserError, match="unknown flag --no_such_flag"):
+    config.from_flagfile("--policy=float32\n--no_such_flag=1\n")

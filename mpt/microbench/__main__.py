@@ -7,7 +7,7 @@ the results as one `MPT-RESULT {json}` line. Needs only TensorFlow and numpy (no
 import json
 import sys
 
-from mpt import microbench
+from mpt.microbench import run as microbench
 
 if __name__ == "__main__":
   args = json.loads(sys.argv[1])

@@ -1,54 +1,18 @@
 """The microbenchmark's outputs: the printed report (with a second interpreter's column
-and the ratio under `--compare_python`), TensorBoard scalars and text, and the
-per-machine cache that training runs read their measured GFLOP/s from.
+and the ratio under `--compare_python`) and TensorBoard scalars and text. (The
+per-machine cache that training runs read their measured GFLOP/s from is
+mpt/machine/rates.py.)
 """
 
 import json
 import os
 import pathlib
-import re
 import subprocess
 from typing import Any
 
 from mpt.errors import UserError
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-
-
-def cache_path(cpu_name: str, logical_cpus: int, tf_version: str) -> pathlib.Path:
-  """~/.cache/mpt/microbench/<cpu>-<n>cpu-tf<version>.json (or under $MPT_CACHE)."""
-  root = pathlib.Path(os.environ.get("MPT_CACHE", "~/.cache/mpt")).expanduser()
-  key = re.sub(r"[^A-Za-z0-9]+", "_", cpu_name).strip("_")
-  return root / "microbench" / f"{key}-{logical_cpus}cpu-tf{tf_version}.json"
-
-
-def save_cache(results: dict[str, Any]) -> pathlib.Path:
-  from mpt import rundir
-  path = cache_path(results["cpu"]["name"], results["cpu"]["logical_cpus"],
-                    results["tensorflow"].get("tf_version", "?"))
-  path.parent.mkdir(parents=True, exist_ok=True)
-  rundir.write_json(path, results)
-  return path
-
-
-def measured_gflops(results: dict[str, Any], dtype: str) -> float | None:
-  """The best TensorFlow matmul GFLOP/s measured for `dtype`."""
-  rates = [r["gflops"] for r in results.get("throughput", [])
-           if r["op"] == "matmul" and r["lib"] == "tensorflow" and r["dtype"] == dtype
-           and r.get("gflops")]
-  return max(rates) if rates else None
-
-
-def cached_gflops(dtype: str) -> tuple[float | None, str | None]:
-  """This machine's cached best matmul GFLOP/s for `dtype`, and the cache file."""
-  import tensorflow as tf
-  from mpt.microbench import isa
-  cpu = isa.detect()
-  path = cache_path(cpu.name, cpu.logical_cpus, tf.__version__)
-  try:
-    return measured_gflops(json.loads(path.read_text()), dtype), str(path)
-  except (OSError, ValueError):
-    return None, None
 
 
 def run_other(python: str, sizes, dtypes, quick: bool) -> dict[str, Any]:

@@ -3,7 +3,7 @@ from `--model_opts=key=value,...`.
 
 A variant is one builder plus one `@register` line. A builder takes the input shape,
 the number of classes and keyword options, and never a dtype: the global Keras policy
-(set by mpt/precision.py before the build) decides every layer's compute dtype. Only
+(set by mpt/train/precision.py before the build) decides every layer's compute dtype. Only
 the output is forced to float32 (`classifier_head`), so the loss and its gradients
 start in full precision, as the TensorFlow mixed-precision guide asks.
 
@@ -29,7 +29,15 @@ _REGISTRY: dict[str, Builder] = {}
 
 
 def register(builder: Builder) -> Builder:
-  """Adds `builder` to the registry under its function name."""
+  """Adds `builder` to the registry under its function name.
+
+  A second builder under a taken name is a mistake (two modules defining the same
+  variant, or a copied function not renamed): it would silently replace the first.
+  """
+  taken = _REGISTRY.get(builder.__name__)
+  if taken is not None and taken is not builder:
+    raise ValueError(f"a model named {builder.__name__!r} is already registered "
+                     f"(by {taken.__module__}); rename one of them")
   _REGISTRY[builder.__name__] = builder
   return builder
 

@@ -1,0 +1,322 @@
+"""The diagnosis' detectors: each reads one kind of measured evidence from a run folder
+and returns a `Finding` (or None), with its threshold, its numbers and a next step.
+
+Pure functions over the evidence mpt/diagnose/evidence.py reads (summary.json,
+flags.txt, dtypes.json, the profiler's op statistics, a float32 run of the same
+configuration): no TensorFlow here, so the detectors are tested on recorded run
+folders and on their threshold edges (tests/test_diagnose.py).
+mpt/diagnose/diagnosis.py ranks them, mpt/diagnose/report.py reports them.
+"""
+
+import dataclasses
+from typing import Callable
+
+from mpt.diagnose import evidence as evidence_lib
+from mpt.machine import hardware as hardware_lib
+from mpt.diagnose.evidence import Evidence
+
+# Thresholds, in one place: the report prints each next to its finding.
+INPUT_WAIT_SHARE = 0.10      # data-wait share of step time: input bound at or above
+UTILISATION = 0.50           # busy share of the device below which a run is starved
+MISALIGNED_SHARE = 0.05      # forward-FLOP share in layers with dims not multiples of 8
+FLOAT32_FLOP_SHARE = 0.10    # forward-FLOP share left in float32 under a 16-bit policy
+FLOAT32_TIME_SHARE = 0.10    # traced op time in float32 layers and casts
+SKIPPED_SHARE = 0.02         # skipped (non-finite) steps, share of steps run ...
+SETTLING_SKIPS = 2           # ... beyond these: a dynamic scale starts at 2**15 and
+                             # halves (skipping a step) until the gradients fit
+SMALL_STEP_MS = 30.0         # a step this short is mostly per-op launch overhead
+OTHERS_SHARE = 0.25          # share of the CPU other processes used: a shared machine
+MIN_SCALE = 1.0              # a dynamic loss scale below this has collapsed
+ACHIEVED_VS_MICROBENCH = 0.10  # achieved FLOP rate / measured matmul rate
+SLOWER_THAN_FLOAT32 = 1.0    # 16-bit speed-up over float32 below this: no gain
+
+SEVERITY = ("high", "medium", "low")
+SIXTEEN = hardware_lib.SIXTEEN
+
+
+@dataclasses.dataclass
+class Finding:
+  id: str
+  severity: str     # high, medium, low
+  impact: float     # rough share of step time at stake; ranks within a severity
+  title: str
+  threshold: str
+  evidence: list[str]
+  next_step: str
+
+
+def _baseline_line(ev: Evidence) -> str:
+  s, b = ev.summary, ev.baseline
+  if not b:
+    return ("no float32 run of this configuration next to this one: measure it with "
+            "the same flags and --policy=float32")
+  x = evidence_lib.speedup(ev)
+  same_loop = "" if b.get("loop") == s.get("loop") else f" ({b.get('loop')} loop)"
+  return (f"{s['ms_per_step']:.1f} ms/step vs {b['ms_per_step']:.1f} under float32"
+          f"{same_loop} in {b.get('run_dir')}: {x:.2f}x the float32 speed"
+          + (f" ({1 / x:.1f} times slower)" if x < 1 else ""))
+
+
+def hardware(ev: Evidence) -> Finding | None:
+  """No fast 16-bit path for the policy on this device."""
+  s, caps = ev.summary, evidence_lib.gpu_caps(ev.summary)
+  found = evidence_lib.no_fast_path(s)
+  if not found:
+    return None
+  reason, better = found
+  half = SIXTEEN[s['policy']]
+  evidence = [reason, _baseline_line(ev)]
+  mb = s.get("microbench_gflops_by_dtype") or {}
+  if not caps and mb.get(half) and mb.get("float32"):
+    evidence.append(f"matmul microbenchmark on this machine: {half} {mb[half]:.1f} vs "
+                    f"float32 {mb['float32']:.1f} GFLOP/s "
+                    f"({mb[half] / mb['float32']:.2f}x)")
+  top = (ev.op_stats or {}).get("top_ops") or []
+  if top:
+    evidence.append("most traced op time: " + ", ".join(
+        f"{o['type']} {o['share']:.1%}" for o in top[:4]))
+  x = evidence_lib.speedup(ev)
+  if better == "float32":
+    step = "--policy=float32"
+    if not caps and half == "float16":
+      step += (" (mixed_bfloat16 is the 16-bit policy CPUs run fast, but only with "
+               "AVX512_BF16 or AMX-BF16; this CPU has neither)")
+    elif not caps:
+      step += " (or a CPU with AVX512_BF16 / AMX-BF16, e.g. Sapphire Rapids or Zen 4)"
+    else:
+      step += (" (or a GPU with compute capability >= 7.0 for float16, >= 8.0 for "
+               "bfloat16)")
+  else:
+    step = f"--policy={better}"
+  return Finding("hardware", "high", 1 - x if x and x < 1 else 0.5,
+                 f"{half} has no fast path on this {'GPU' if caps else 'CPU'}",
+                 "the device lacks the 16-bit instructions or Tensor Cores", evidence,
+                 step)
+
+
+def tf32(ev: Evidence) -> Finding | None:
+  """float32 on Ampere or newer runs matmuls as TF32: the baseline is not plain FP32."""
+  caps = evidence_lib.gpu_caps(ev.summary)
+  if not (ev.summary.get("hardware") or {}).get("tf32") or not caps or min(caps) < (8, 0):
+    return None
+  cc = ".".join(map(str, min(caps)))
+  return Finding(
+      "tf32", "low", 0.0, "float32 matmuls run as TF32 on Tensor Cores",
+      "compute capability >= 8.0 with TF32 enabled (TensorFlow's default)",
+      [f"GPU compute capability {cc}, TF32 enabled: the float32 baseline already uses "
+       f"Tensor Cores, so a 16-bit policy gains less over it than data-sheet FP32 "
+       f"figures suggest"],
+      "--notf32 for a plain FP32 baseline (slower, full float32 mantissa)")
+
+
+def input_bound(ev: Evidence) -> Finding | None:
+  s = ev.summary
+  share = s.get("data_wait_share")
+  if share is None or share < INPUT_WAIT_SHARE:
+    return None
+  wait = (s.get("step_time_ms") or {}).get("data_wait_ms_median")
+  evidence = [f"{share:.1%} of step time waiting for the next batch"
+              + (f" (median {wait:.1f} ms of a {s['ms_per_step']:.1f} ms step)"
+                 if wait is not None and s.get("ms_per_step") else "")]
+  busy, what = evidence_lib.busy(s)
+  if busy is not None:
+    evidence.append(f"{what}: {busy:.0%}")
+  work, cache = ev.flags.get("input_work", 0), ev.flags.get("cache", "memory")
+  if work:
+    step = f"drop --input_work={work} (the per-example blur passes it adds)"
+  elif cache == "none":
+    step = "--cache=memory (decoding and resizing run every epoch otherwise)"
+  else:
+    step = ("move per-example work out of the training stream (precompute it, or "
+            "cache after it), or give the input pipeline its own cores")
+  return Finding("input_bound", "high" if share >= 2 * INPUT_WAIT_SHARE else "medium",
+                 share, "input bound: steps wait for data",
+                 f"data-wait share >= {INPUT_WAIT_SHARE:.0%} of step time",
+                 evidence, step)
+
+
+def low_utilisation(ev: Evidence) -> Finding | None:
+  """The device idles while the input pipeline keeps up: per-step overhead (short
+  steps) or ops that do not use the device fully (long steps)."""
+  s = ev.summary
+  busy, what = evidence_lib.busy(s)
+  share = s.get("data_wait_share") or 0.0
+  if busy is None or busy >= UTILISATION or share >= INPUT_WAIT_SHARE:
+    return None
+  if (evidence_lib.others(s) or 0.0) >= OTHERS_SHARE:
+    return None  # Not idle: other processes had the cores (see `shared_machine`).
+  ms = s.get("ms_per_step") or 0.0
+  evidence = [f"{what}: {busy:.0%} while waiting for data only {share:.1%} of the time",
+              f"{ms:.1f} ms/step at batch {s.get('batch_size')}"
+              + (f", {s['flops_per_step'] / 1e9:.2f} GFLOP per step"
+                 if s.get("flops_per_step") else "")]
+  jit = ev.flags.get("jit_compile")
+  evidence.append("XLA on" if jit else "XLA off")
+  if ms < SMALL_STEP_MS:
+    title = "overhead bound: steps too small to keep the device busy"
+    step = f"--batch_size={2 * (s.get('batch_size') or 16)} (more work per step)"
+    step += "" if jit else " or --jit_compile (fewer, fused ops per step)"
+  else:
+    title = "the device is idle part of each step"
+    step = ("--profile_steps=A,B, then --mode=diagnose: the op statistics show which "
+            "ops run long (single-threaded kernels keep the other cores idle)")
+  return Finding("low_utilisation", "medium", 1 - busy, title,
+                 f"utilisation < {UTILISATION:.0%} with data wait < "
+                 f"{INPUT_WAIT_SHARE:.0%}; steps < {SMALL_STEP_MS:g} ms count as "
+                 f"overhead", evidence, step)
+
+
+def shared_machine(ev: Evidence) -> Finding | None:
+  """Other processes used the CPU during the run: its timings are inflated."""
+  s = ev.summary
+  others = evidence_lib.others(s)
+  # On a GPU the CPU runs only the input pipeline, which `input_bound` watches.
+  if others is None or others < OTHERS_SHARE or (s.get("hardware") or {}).get("gpus"):
+    return None
+  busy, what = evidence_lib.busy(s)
+  return Finding(
+      "shared_machine", "medium", others, "other processes competed for the CPU",
+      f"other processes' share of all cores >= {OTHERS_SHARE:.0%} during the run",
+      [f"the whole machine was {s['util']['system_cpu_percent']['mean']:.0f}% busy, "
+       f"this run {busy:.0%} of it ({what}): others took {others:.0%}"],
+      "rerun when the machine is quiet before comparing ms/step; a sweep compares "
+      "cells run one after another, so check theirs too")
+
+
+def misaligned(ev: Evidence) -> Finding | None:
+  s, d = ev.summary, ev.dtypes
+  if s.get("policy") not in SIXTEEN or not d:
+    return None
+  names = d.get("misaligned_layers", [])
+  share = d.get("misaligned_flops_share", 0.0)
+  layer_time = (ev.op_stats or {}).get("layer_time_share", {})
+  time_share = sum(layer_time.get(n, 0.0) for n in names)
+  per_replica = s.get("per_replica_batch") or s.get("batch_size") or 0
+  shapes = max(share, time_share) >= MISALIGNED_SHARE
+  if not shapes and per_replica % 8 == 0:
+    return None
+  evidence = [f"{l['name']} ({l['class']}, {l['dims']}): {l['flops_share']:.1%} of "
+              f"forward FLOPs" + (f", {l['time_share']:.1%} of traced op time"
+                                  if l["time_share"] is not None else "")
+              for l in evidence_lib.layer_shares(ev, names)]
+  evidence.append(f"{share:.1%} of forward FLOPs" + (
+      f" and {time_share:.1%} of traced op time" if layer_time else "")
+      + " in layers whose channels/units are not multiples of 8")
+  if per_replica % 8:
+    evidence.append(f"batch size {per_replica} per replica is not a multiple of 8")
+  aligned = f"{s.get('model')}_aligned"
+  if shapes and aligned in ev.model_names:
+    step = f"--model={aligned} (pads the input channels to 8)"
+  elif shapes:
+    step = ("pad the misaligned layers' channels/units to multiples of 8 (as "
+            "PadChannels in mpt/models/convnets.py does)")
+  else:
+    step = f"--batch_size={(per_replica // 8 + 1) * 8 * (s.get('replicas') or 1)}"
+  return Finding("misaligned", "medium", max(share, time_share),
+                 "misaligned shapes for 16-bit units",
+                 f"misaligned share of forward FLOPs or of traced op time >= "
+                 f"{MISALIGNED_SHARE:.0%}, or a batch not a multiple of 8", evidence, step)
+
+
+def float32_work(ev: Evidence) -> Finding | None:
+  s, d, ops = ev.summary, ev.dtypes, ev.op_stats or {}
+  if s.get("policy") not in SIXTEEN or not d:
+    return None
+  flop_share = d.get("flops_share_32bit", 0.0)
+  time_share = ops.get("float32_time_share", 0.0) + ops.get("cast_time_share", 0.0)
+  if flop_share < FLOAT32_FLOP_SHARE and time_share < FLOAT32_TIME_SHARE:
+    return None
+  layers = sorted(d.get("float32_layers", []), key=lambda l: -l["flops_share"])
+  evidence = [f"{flop_share:.1%} of forward FLOPs run in float32: " + ", ".join(
+      f"{l['name']} {l['flops_share']:.1%}" for l in layers[:5])]
+  if ops:
+    evidence.append(f"traced op time: {ops.get('float32_time_share', 0):.1%} in "
+                    f"float32 layers, {ops.get('cast_time_share', 0):.1%} in Cast ops")
+  reasons = {l["reason"] for l in layers}
+  if any("BatchNormalization" in r for r in reasons):
+    step = ("BatchNorm normalises in float32 on purpose; --jit_compile fuses its casts "
+            "into the neighbouring ops")
+  else:
+    step = "keep only the output layer in float32; drop other forced-float32 dtypes"
+  return Finding("float32_work", "medium", max(flop_share, time_share),
+                 "32-bit work left under a 16-bit policy",
+                 f"float32 FLOP share >= {FLOAT32_FLOP_SHARE:.0%} or traced float32 + "
+                 f"cast time >= {FLOAT32_TIME_SHARE:.0%}", evidence, step)
+
+
+def loss_scale(ev: Evidence) -> Finding | None:
+  s = ev.summary
+  steps, skipped, scale = s.get("steps") or 0, s.get("skipped_steps") or 0, s.get("loss_scale")
+  excess = max(0, skipped - SETTLING_SKIPS)
+  diverged = s.get("status") == "diverged"
+  low = scale is not None and scale < MIN_SCALE and s.get("policy") == "mixed_float16"
+  if not (diverged or low or (steps and excess / steps >= SKIPPED_SHARE)):
+    return None
+  evidence = [f"{skipped} of {steps} steps skipped for non-finite gradients, "
+              f"{excess} beyond the first {SETTLING_SKIPS} ({excess / steps:.1%})"
+              if steps else "no steps ran"]
+  if scale is not None:
+    evidence.append(f"final loss scale {scale:g}")
+  if diverged:
+    evidence.append(s.get("message") or "the run stopped as diverged")
+  if s.get("policy") == "mixed_float16":
+    step = ("find the layer that overflows (--mode=inspect), keep it in float32; or "
+            "a fixed --loss_scale, or a lower --learning_rate")
+  else:
+    step = "lower --learning_rate; check the data for NaN/Inf"
+  return Finding("loss_scale", "high" if diverged or low else "medium",
+                 excess / steps if steps else 1.0, "loss-scale trouble",
+                 f"skipped steps beyond the first {SETTLING_SKIPS} >= "
+                 f"{SKIPPED_SHARE:.0%} of steps, scale < {MIN_SCALE:g}, or a NaN/Inf "
+                 f"loss", evidence, step)
+
+
+def slower_than_float32(ev: Evidence) -> Finding | None:
+  """A 16-bit run measured slower than float32 although the device has a fast path."""
+  s = ev.summary
+  x = evidence_lib.speedup(ev)
+  if s.get("policy") not in SIXTEEN or x is None or x >= SLOWER_THAN_FLOAT32:
+    return None
+  if hardware(ev):  # Explained there.
+    return None
+  return Finding("no_speedup", "medium", 1 - x, "no speed-up over float32",
+                 f"speed-up over float32 < {SLOWER_THAN_FLOAT32:g}x",
+                 [_baseline_line(ev)], _where_time_goes(ev))
+
+
+def achieved_rate(ev: Evidence) -> Finding | None:
+  s = ev.summary
+  ratio = s.get("achieved_vs_microbench")
+  if ratio is None or ratio >= ACHIEVED_VS_MICROBENCH:
+    return None
+  return Finding(
+      "achieved_rate", "low", 1 - ratio, "far below the measured matmul rate",
+      f"achieved FLOP rate < {ACHIEVED_VS_MICROBENCH:.0%} of the microbenchmark's",
+      [f"{s['achieved_gflops']:.1f} GFLOP/s achieved vs {s['microbench_gflops']:.1f} "
+       f"GFLOP/s measured for {s.get('compute_dtype')} matmuls ({ratio:.0%})"],
+      _where_time_goes(ev))
+
+
+def _where_time_goes(ev: Evidence) -> str:
+  """The next step when time is lost somewhere: the trace's top ops, or a trace."""
+  top = (ev.op_stats or {}).get("top_ops") or []
+  if top:
+    return ("the trace puts the time in " + ", ".join(
+        f"{o['type']} ({o['share']:.0%})" for o in top[:2]) + ": speed those up or "
+        "move them to a dtype/device with a fast kernel")
+  return ("--profile_steps=A,B, then --mode=diagnose lists the op types that take "
+          "the time")
+
+
+DETECTORS: dict[str, Callable[[Evidence], Finding | None]] = {
+    "hardware": hardware, "loss_scale": loss_scale, "input_bound": input_bound,
+    "low_utilisation": low_utilisation, "shared_machine": shared_machine,
+    "misaligned": misaligned, "float32_work": float32_work,
+    "no_speedup": slower_than_float32,
+    "achieved_rate": achieved_rate, "tf32": tf32,
+}
+NEEDS = {"misaligned": "dtypes.json", "float32_work": "dtypes.json"}
+
+
+def rank(findings: list[Finding]) -> list[Finding]:
+  return sorted(findings, key=lambda f: (SEVERITY.index(f.severity), -f.impact))

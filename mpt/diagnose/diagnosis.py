@@ -1,0 +1,101 @@
+"""Diagnosis: why mixed precision did or did not speed a run up, from its measurements.
+
+After every training run and every sweep (mpt/main.py passes `after_run` to both),
+and on demand (`python -m mpt.main --mode=diagnose --run=logs/<run>`), mpt reads the
+run folder (mpt/diagnose/evidence.py: summary.json, flags.txt, dtypes.json, the
+profiler trace's op statistics, and a float32 run of the same configuration found
+next to it), runs the detectors of mpt/diagnose/detectors.py, and prints the run's
+measured figures and a ranked list of findings, each with its threshold, its evidence
+and a next step. It writes `diagnosis.json` and `diagnosis.md` into the folder
+(mpt/diagnose/report.py). A sweep folder is diagnosed across its cells
+(mpt/diagnose/sweep.py).
+"""
+
+import dataclasses
+import pathlib
+from typing import Any
+
+from absl import logging
+
+from mpt.diagnose import detectors
+from mpt.diagnose import evidence
+from mpt.diagnose import report
+from mpt.diagnose import sweep as diagnose_sweep
+from mpt.diagnose.options import DiagnoseOptions
+from mpt.errors import UserError
+
+
+def _figures(ev: evidence.Evidence) -> dict[str, Any]:
+  """The run's measured figures, printed above the findings whatever they are."""
+  s, d, ops = ev.summary, ev.dtypes or {}, ev.op_stats or {}
+  busy, what = evidence.busy(s)
+  per_layer = lambda names: evidence.layer_shares(ev, names)
+  return {
+      "run": f"{s.get('model')}, {s.get('policy')}, {s.get('loop')} loop, "
+             f"{s.get('image_size')} px, batch {s.get('batch_size')}, {s.get('status')}",
+      "device": s.get("device"),
+      "ms_per_step": s.get("ms_per_step"),
+      "speedup_vs_float32": evidence.speedup(ev),
+      "baseline_ms_per_step": (ev.baseline or {}).get("ms_per_step"),
+      "baseline_run": (ev.baseline or {}).get("run_dir"),
+      "flops_share_16bit": d.get("flops_share_16bit"),
+      "flops_share_32bit": d.get("flops_share_32bit"),
+      "float32_layers": per_layer([l["name"] for l in d.get("float32_layers", [])]),
+      "float32_time_share": ops.get("float32_time_share"),
+      "cast_time_share": ops.get("cast_time_share"),
+      "misaligned_flops_share": d.get("misaligned_flops_share"),
+      "misaligned_layers": per_layer(d.get("misaligned_layers", [])),
+      "data_wait_share": s.get("data_wait_share"),
+      "utilisation": busy, "utilisation_of": what,
+      "achieved_gflops": s.get("achieved_gflops"),
+      "microbench_gflops": s.get("microbench_gflops"),
+      "skipped_steps": s.get("skipped_steps"), "loss_scale": s.get("loss_scale"),
+  }
+
+
+def diagnose_run(run_dir: pathlib.Path) -> dict[str, Any]:
+  """The diagnosis of one training run folder, as written to diagnosis.json."""
+  notes: list[str] = []
+  ev = evidence.load(run_dir, notes)
+  findings, checked = [], []
+  for name, detect in detectors.DETECTORS.items():
+    if name in detectors.NEEDS and ev.dtypes is None:
+      continue
+    finding = detect(ev)
+    (findings.append(finding) if finding else checked.append(name))
+  return {"kind": "run", "run_dir": str(run_dir), "figures": _figures(ev),
+          "findings": [dataclasses.asdict(f) for f in detectors.rank(findings)],
+          "checked_clear": checked, "notes": notes,
+          "op_stats": ev.op_stats}
+
+
+def diagnose_folder(path: pathlib.Path) -> dict[str, Any]:
+  """Diagnoses a run or sweep folder, writes diagnosis.json/.md there, prints it."""
+  if evidence.check_folder(path) == "sweep":
+    diagnosis = diagnose_sweep.diagnose(path)
+  else:
+    diagnosis = diagnose_run(path)
+  report.write(path, diagnosis)
+  print(report.format_report(diagnosis), end="", flush=True)
+  return diagnosis
+
+
+def after_run(folder: pathlib.Path) -> str | None:
+  """The diagnosis at the end of a run or sweep, as Markdown (for the run's
+  TensorBoard text); None if it failed, which never fails the run."""
+  try:
+    return report.format_report(diagnose_folder(folder), markdown=True)
+  except Exception as e:  # pylint: disable=broad-except
+    logging.error("diagnosis failed (the run's outputs are complete): %s", e)
+    print(f"mpt: diagnosis failed: {e}", flush=True)
+    return None
+
+
+def run(opts: DiagnoseOptions) -> dict[str, Any]:
+  """`--mode=diagnose --run=logs/<run>`."""
+  if not opts.run:
+    raise UserError("--mode=diagnose needs --run=logs/<run> (a run or sweep folder)")
+  path = pathlib.Path(opts.run).expanduser()
+  diagnosis = diagnose_folder(path)
+  return {"status": "completed", "run_dir": str(path),
+          "findings": len(diagnosis["findings"])}

@@ -1,0 +1,166 @@
+"""A run folder's evidence for the diagnosis: the files it needs, what it read from
+them, and the float32 run of the same configuration it is compared with.
+
+`load(run_dir)` reads summary.json (through mpt/records/summary.py: any schema
+version) and flags.txt (required: a UserError names the one that is missing),
+dtypes.json and the profiler's op statistics (optional: a note says which checks that
+skips), and looks next to the run for a completed float32 run with the same model,
+options, image size, batch, dataset, strategy, XLA setting, device and input work
+(the same loop preferred, then the newest). Plain data: TensorFlow is
+imported only through the model registry, for the names of the variants.
+"""
+
+import dataclasses
+import json
+import pathlib
+from typing import Any
+
+from mpt import config
+from mpt.diagnose import opstats
+from mpt.errors import UserError
+from mpt.machine import hardware
+from mpt.records import summary as summary_lib
+
+REQUIRED = ("summary.json", "flags.txt")
+# A float32 run is comparable when these match (the loop is preferred, not required).
+SAME = ("model", "model_opts", "image_size", "batch_size", "dataset", "strategy",
+        "jit_compile", "device", "input_work")
+
+
+@dataclasses.dataclass
+class Evidence:
+  """Everything the detectors may read about one run."""
+  # summary.json as RunSummary.to_dict(): every field, its default where the file
+  # has none; a dict, so that the detectors (and the tests) read and patch it freely.
+  summary: dict[str, Any]
+  flags: dict[str, Any]
+  dtypes: dict[str, Any] | None = None
+  op_stats: dict[str, Any] | None = None
+  baseline: dict[str, Any] | None = None  # float32 summary of the same configuration
+  model_names: tuple[str, ...] = ()
+
+
+def _read_json(path: pathlib.Path) -> dict[str, Any]:
+  try:
+    return json.loads(path.read_text())
+  except (OSError, ValueError) as e:
+    raise UserError(f"{path} cannot be read as JSON: {e}") from None
+
+
+def check_folder(path: pathlib.Path) -> str:
+  """'run' or 'sweep'; a UserError naming the missing file otherwise."""
+  if not path.is_dir():
+    raise UserError(f"--run={path}: no such folder")
+  if (path / "sweep.csv").is_file():
+    return "sweep"
+  missing = [name for name in REQUIRED if not (path / name).is_file()]
+  if missing:
+    what = (" (it is a --mode=microbench folder)" if (path / "microbench.json").exists()
+            else "")
+    raise UserError(f"--run={path}: missing {' and '.join(missing)}{what}; diagnose "
+                    f"takes a training run folder (summary.json, flags.txt) or a sweep "
+                    f"folder (sweep.csv)")
+  return "run"
+
+
+def find_baseline(run_dir: pathlib.Path, summary: dict[str, Any]) -> dict[str, Any] | None:
+  """The newest completed float32 run of the same configuration next to `run_dir`."""
+  if summary.get("policy") == "float32":
+    return None
+  found = []
+  for path in run_dir.parent.glob("*/summary.json"):
+    if path.parent == run_dir:
+      continue
+    try:
+      other = summary_lib.read(path).to_dict()
+    except UserError:  # Not a summary: not a baseline either.
+      continue
+    if (other.get("policy") == "float32" and other.get("status") == "completed"
+        and other.get("ms_per_step")
+        and all(other.get(k) == summary.get(k) for k in SAME)):
+      found.append((other.get("loop") == summary.get("loop"), path.stat().st_mtime, other))
+  return max(found, key=lambda f: f[:2])[2] if found else None
+
+
+def load(run_dir: pathlib.Path, notes: list[str]) -> Evidence:
+  summary = summary_lib.read(run_dir / "summary.json").to_dict()
+  try:
+    flags = dataclasses.asdict(config.from_flagfile((run_dir / "flags.txt").read_text()))
+  except UserError as e:
+    raise UserError(f"{run_dir / 'flags.txt'}: {e}") from None
+  dtypes = None
+  if (run_dir / "dtypes.json").is_file():
+    dtypes = _read_json(run_dir / "dtypes.json")
+  else:
+    notes.append("dtypes.json missing (a --noinstrument run): the misaligned-shape and "
+                 "float32-work checks were skipped")
+  op_stats = None
+  try:
+    op_stats = opstats.load(run_dir, dtypes)
+  except Exception as e:  # A broken trace or no xprof: the rest still holds.
+    notes.append(f"the profiler trace could not be read ({type(e).__name__}: {e})")
+  if op_stats is None and summary.get("policy") in hardware.SIXTEEN:
+    notes.append("no profiler trace: for op-level evidence rerun with "
+                 "--profile_steps=A,B (steps after the warm-up)")
+  if not summary.get("hardware"):
+    notes.append("summary.json records no hardware facts (a run made before mpt "
+                 "recorded them): the hardware checks were skipped")
+  try:
+    from mpt import models  # Registered variants, for the "aligned" suggestion.
+    names = tuple(models.names())
+  except ImportError:
+    names = ()
+  return Evidence(summary, flags, dtypes, op_stats, find_baseline(run_dir, summary),
+                  names)
+
+
+def speedup(ev: Evidence) -> float | None:
+  """float32 ms/step over this run's: > 1 means this run is faster."""
+  ms, base = ev.summary.get("ms_per_step"), (ev.baseline or {}).get("ms_per_step")
+  return base / ms if ms and base else None
+
+
+def busy(s: dict[str, Any]) -> tuple[float | None, str]:
+  """(busy share of the training device, what was measured), from the sampler."""
+  util, hw = s.get("util") or {}, s.get("hardware") or {}
+  if "gpu_percent" in util:
+    return util["gpu_percent"]["mean"] / 100, "GPU utilisation"
+  if hw.get("gpus"):  # Trained on a GPU, not sampled (no NVML): CPU use says nothing.
+    return None, ""
+  cpu, cores = util.get("process_cpu_percent"), hw.get("cpu_count")
+  if cpu and cores:
+    return cpu["mean"] / (100 * cores), f"process CPU use over {cores} cores"
+  return None, ""
+
+
+def others(s: dict[str, Any]) -> float | None:
+  """Share of all CPU cores that other processes used during the run (machine load)."""
+  util, hw = s.get("util") or {}, s.get("hardware") or {}
+  system, mine = util.get("system_cpu_percent"), util.get("process_cpu_percent")
+  if not system or not mine or not hw.get("cpu_count"):
+    return None
+  return max(0.0, system["mean"] / 100 - mine["mean"] / (100 * hw["cpu_count"]))
+
+
+def gpu_caps(s: dict[str, Any]) -> list[tuple[int, int]]:
+  """Compute capabilities of the GPUs the run had (summary.json `hardware`)."""
+  return [tuple(g["compute_capability"]) for g in (s.get("hardware") or {}).get("gpus", [])
+          if g.get("compute_capability")]
+
+
+def layer_shares(ev: Evidence, names: list[str]) -> list[dict[str, Any]]:
+  """Per named layer: dims, share of forward FLOPs, share of traced op time (or None)."""
+  d = ev.dtypes or {}
+  rows = {r["name"]: r for r in d.get("layers", [])}
+  total = d.get("forward_flops_per_example") or 1
+  layer_time = (ev.op_stats or {}).get("layer_time_share", {})
+  return [{"name": n, "class": rows[n]["class"], "dims": rows[n]["dims"],
+           "flops_share": rows[n]["flops"] / total, "time_share": layer_time.get(n)}
+          for n in names if n in rows]
+
+
+def no_fast_path(s: dict[str, Any], policy: str | None = None) -> tuple[str, str] | None:
+  """hardware.fast_path on the machine a run recorded (summary.json `hardware`)."""
+  hw = s.get("hardware") or {}
+  return hardware.fast_path(policy or s.get("policy"), set(hw.get("cpu_flags", [])),
+                            gpu_caps(s), hw.get("cpu", "this CPU"))

@@ -1,0 +1,103 @@
+"""A diagnosis as text: the terminal's report, diagnosis.md, and diagnosis.json.
+
+The diagnosis (mpt/diagnose/diagnosis.py for a run, mpt/diagnose/sweep.py for a sweep)
+is a plain dict, the same that diagnosis.json holds; this module only formats it and
+writes it into the folder it explains.
+"""
+
+import json
+import pathlib
+from typing import Any
+
+
+def _pct(x) -> str:
+  return "n/a" if x is None else f"{x:.1%}"
+
+
+def _layers(layers: list[dict[str, Any]]) -> str:
+  return ", ".join(f"{l['name']}{' ' + l['dims'] if l['dims'] else ''} "
+                   f"{l['flops_share']:.1%}" + (f" / {l['time_share']:.1%} of time"
+                                                if l["time_share"] is not None else "")
+                   for l in layers[:6])
+
+
+def format_figures(f: dict[str, Any]) -> list[str]:
+  """Speed, precision, shapes, input and loss scale, one line each."""
+  speed = f"{f['ms_per_step']:.1f} ms/step" if f["ms_per_step"] else "no timed steps"
+  if f["speedup_vs_float32"]:
+    speed += (f", {f['speedup_vs_float32']:.2f}x float32's speed (float32: "
+              f"{f['baseline_ms_per_step']:.1f} ms/step in {f['baseline_run']})")
+  if f["achieved_gflops"]:
+    speed += f"; {f['achieved_gflops']:.1f} GFLOP/s achieved" + (
+        f", matmul microbenchmark {f['microbench_gflops']:.1f}"
+        if f["microbench_gflops"] else "")
+  precision = (f"16-bit FLOPs {_pct(f['flops_share_16bit'])}, float32 FLOPs "
+               f"{_pct(f['flops_share_32bit'])}")
+  if f["float32_layers"] and f["flops_share_16bit"]:
+    precision += f" ({_layers(f['float32_layers'])})"
+  if f["cast_time_share"] is not None:
+    precision += (f"; traced time in float32 layers {_pct(f['float32_time_share'])}, "
+                  f"in Cast ops {_pct(f['cast_time_share'])}")
+  shapes = f"misaligned (not multiples of 8) {_pct(f['misaligned_flops_share'])} of FLOPs"
+  if f["misaligned_layers"]:
+    shapes += f": {_layers(f['misaligned_layers'])}"
+  data = f"data wait {_pct(f['data_wait_share'])} of step time"
+  if f["utilisation"] is not None:
+    data += f"; {f['utilisation_of']} {f['utilisation']:.0%}"
+  lines = [f"speed:     {speed}", f"precision: {precision}", f"shapes:    {shapes}",
+           f"input:     {data}"]
+  if f["loss_scale"] is not None:
+    lines.append(f"scaling:   loss scale {f['loss_scale']:g}, {f['skipped_steps']} "
+                 f"steps skipped")
+  return lines
+
+
+def format_findings(findings: list[dict[str, Any]], markdown: bool) -> list[str]:
+  """Numbered findings with their evidence, threshold and next step."""
+  lines = []
+  for i, g in enumerate(findings, 1):
+    title = f"{i}. [{g['severity']}] {g['title']}"
+    lines.append(f"## {title}" if markdown else title)
+    lines += [f"   - {e}" for e in g["evidence"]]
+    lines += [f"   threshold: {g['threshold']}", f"   next: {g['next_step']}"]
+  return lines
+
+
+def format_report(report: dict[str, Any], markdown: bool = False) -> str:
+  """A run's or a sweep's diagnosis as text for the terminal, or as Markdown."""
+  if report["kind"] == "sweep":
+    return _format_sweep(report, markdown)
+  f = report["figures"]
+  head = f"mpt: diagnosis of {report['run_dir']}"
+  lines = [f"# {head[5:]}" if markdown else head, "", f"{f['run']}; {f['device']}"]
+  lines += [f"- {l}" if markdown else l for l in format_figures(f)]
+  lines.append("")
+  if not report["findings"]:
+    lines.append("No findings: none of the checks fired (" +
+                 ", ".join(report["checked_clear"]) + "); nothing mpt can measure is "
+                 "holding this run back.")
+  lines += format_findings(report["findings"], markdown)
+  if report["findings"] and report["checked_clear"]:
+    lines.append(f"checked, nothing found: {', '.join(report['checked_clear'])}")
+  for note in report["notes"]:
+    lines.append(f"note: {note}")
+  return "\n".join(lines) + "\n"
+
+
+def _format_sweep(report: dict[str, Any], markdown: bool) -> str:
+  head = f"diagnosis of sweep {report['run_dir']}"
+  lines = [f"# {head}" if markdown else f"mpt: {head}", ""]
+  if not report["findings"]:
+    lines.append("No sweep-wide findings (speed-up, memory, overhead).")
+  lines += format_findings(report["findings"], markdown)
+  lines += ["", "| cell | status | ms/step | top finding |", "|---|---|---|---|"]
+  for c in report["cells"]:
+    ms = f"{c['ms_per_step']:.1f}" if c["ms_per_step"] else ""
+    lines.append(f"| {c['cell']} | {c['status']} | {ms} | {c['top']} |")
+  return "\n".join(lines) + "\n"
+
+
+def write(folder: pathlib.Path, report: dict[str, Any]) -> None:
+  """diagnosis.json (the dict as it is) and diagnosis.md into the diagnosed folder."""
+  (folder / "diagnosis.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+  (folder / "diagnosis.md").write_text(format_report(report, markdown=True))

@@ -1,0 +1,144 @@
+"""Diagnosis of a sweep folder: what only a grid of cells shows.
+
+- speed-up: each 16-bit policy's ms/step against float32's, cell by cell (same model,
+  image size, loop, XLA, batch), with the hardware reason when there is one;
+- memory: a 16-bit policy fits a batch size at which float32 ran out of memory;
+- overhead: step time that barely grows with the batch size (per-step overhead);
+- and each cell's own top finding, from the diagnosis its run wrote.
+mpt/diagnose/diagnosis.py prints and writes the result (mpt/diagnose/report.py). The
+cells come from sweep.csv through mpt/records/cells.py, their machine from a cell's
+summary.json through mpt/records/summary.py.
+"""
+
+import collections
+import json
+import pathlib
+from typing import Any
+
+from mpt.diagnose import detectors
+from mpt.diagnose import evidence
+from mpt.records import cells as cells_lib
+from mpt.records import summary as summary_lib
+from mpt.records.cells import Cell
+
+SCALING = 0.5  # step-time growth / batch growth below this: overhead dominates
+
+
+def cell_dir(folder: pathlib.Path, cell: Cell) -> pathlib.Path | None:
+  """A cell's run folder: under the sweep folder's cells/ (wherever the sweep was run
+  from, or copied to), else the path the CSV recorded."""
+  if not cell.run_dir:
+    return None
+  inside = folder / "cells" / pathlib.Path(cell.run_dir).name
+  return inside if inside.is_dir() else pathlib.Path(cell.run_dir)
+
+
+def _key(c: Cell) -> tuple:
+  """Cells that differ only in policy and batch size."""
+  return (c.model, c.image_size, c.loop, c.jit_compile)
+
+
+def speedups(folder: pathlib.Path, cells: list[Cell]) -> list[detectors.Finding]:
+  base = {(_key(c), c.batch_size): c.ms for c in cells if c.policy == "float32"}
+  by_policy = collections.defaultdict(list)
+  for c in cells:
+    b = base.get((_key(c), c.batch_size))
+    if c.policy in detectors.SIXTEEN and b and c.ms:
+      by_policy[c.policy].append((b / c.ms, c))
+  findings = []
+  for policy, found in sorted(by_policy.items()):
+    xs = [x for x, _ in found]
+    if max(xs) >= detectors.SLOWER_THAN_FLOAT32:
+      continue
+    lines = [f"{policy} vs float32 in {len(found)} cell(s): {min(xs):.2f}x to "
+                f"{max(xs):.2f}x float32's speed"]
+    lines += [f"batch {c.batch_size}, {c.loop}: {x:.2f}x" for x, c in found[:6]]
+    reason = evidence.no_fast_path({"hardware": _hardware(folder, cells)}, policy)
+    if reason:
+      lines.insert(0, reason[0])
+    findings.append(detectors.Finding(
+        f"no_speedup:{policy}", "high" if reason else "medium", 1 - max(xs),
+        f"{policy} is slower than float32 in every cell",
+        f"speed-up over float32 < {detectors.SLOWER_THAN_FLOAT32:g}x", lines,
+        f"--policy={reason[1]}" if reason else
+        "profile one cell (--profile_steps=A,B) and diagnose it"))
+  return findings
+
+
+def _hardware(folder: pathlib.Path, cells: list[Cell]) -> dict[str, Any]:
+  """The machine the sweep ran on: the first cell's summary.json that records it."""
+  for c in cells:
+    path = (cell_dir(folder, c) or folder / "-") / "summary.json"
+    if path.is_file():
+      hw = summary_lib.read(path).hardware
+      if hw:
+        return hw
+  return {}
+
+
+def memory(cells: list[Cell]) -> list[detectors.Finding]:
+  findings = []
+  groups = collections.defaultdict(list)
+  for c in cells:
+    groups[_key(c)].append(c)
+  for key, group in groups.items():
+    oom32 = sorted((c.batch_size, c.error) for c in group
+                   if c.policy == "float32" and c.status == "OOM")
+    if not oom32:
+      continue
+    (oom_batch, error), oom32 = oom32[0], [b for b, _ in oom32]
+    fit32 = max((c.batch_size for c in group
+                 if c.policy == "float32" and c.status == "ok"), default=None)
+    for policy in detectors.SIXTEEN:
+      fits = sorted(c.batch_size for c in group
+                    if c.policy == policy and c.status == "ok"
+                    and c.batch_size >= oom32[0])
+      if fits:
+        findings.append(detectors.Finding(
+            f"memory:{policy}", "low", 0.0,
+            f"{policy} fits batch {fits[-1]} where float32 ran out of memory",
+            "a float32 cell OOM and a 16-bit cell of that batch size or larger ok",
+            [f"{key[0]} {key[1]} px {key[2]}: float32 OOM at batch {oom_batch} "
+             f"({error[:120]}); largest float32 batch that fit: {fit32}",
+             f"{policy} ran batch(es) {fits}"],
+            f"--policy={policy} --batch_size={fits[-1]} (check accuracy at that batch)"))
+  return findings
+
+
+def overhead(cells: list[Cell]) -> list[detectors.Finding]:
+  findings = []
+  groups = collections.defaultdict(list)
+  for c in cells:
+    if c.ms:
+      groups[_key(c) + (c.policy,)].append((c.batch_size, c.ms))
+  for key, points in groups.items():
+    if len(points) < 2:
+      continue
+    (b0, t0), (b1, t1) = min(points), max(points)
+    growth = (t1 / t0) / (b1 / b0)
+    if growth < SCALING:
+      findings.append(detectors.Finding(
+          f"overhead:{key[4]}", "medium", 1 - growth,
+          f"{key[4]} step time barely grows with the batch size",
+          f"(step-time ratio / batch ratio) < {SCALING}",
+          [f"{key[0]} {key[2]}: batch {b0} {t0:.1f} ms/step, batch {b1} {t1:.1f} ms/step"
+           f" ({t1 / t0:.2f}x the time for {b1 / b0:.0f}x the images)"],
+          f"--batch_size={b1} or larger; --jit_compile"))
+  return findings
+
+
+def diagnose(folder: pathlib.Path) -> dict[str, Any]:
+  """The sweep-wide findings and each cell's top finding, as written to diagnosis.json."""
+  cells = cells_lib.read_csv(folder / "sweep.csv")
+  findings = detectors.rank(speedups(folder, cells) + memory(cells) + overhead(cells))
+  table = []
+  for c in cells:
+    path = (cell_dir(folder, c) or folder / "-") / "diagnosis.json"
+    top = "-"
+    if path.is_file():
+      found = json.loads(path.read_text()).get("findings") or []
+      top = found[0]["title"] if found else "no findings"
+    table.append({"cell": c.label, "status": c.status, "ms_per_step": c.ms_per_step,
+                  "top": top})
+  return {"kind": "sweep", "run_dir": str(folder),
+          "findings": [f.__dict__ for f in findings], "cells": table}

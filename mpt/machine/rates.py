@@ -1,0 +1,48 @@
+"""The measured-rate cache: the best matmul GFLOP/s `--mode=microbench` measured on this
+machine, per dtype, in ~/.cache/mpt/microbench/<cpu>-<n>cpu-tf<version>.json (or under
+$MPT_CACHE). The microbenchmark writes it; a training run reads it, to compare its own
+FLOP rate with what the machine has been measured to do.
+"""
+
+import json
+import os
+import pathlib
+import re
+from typing import Any
+
+from mpt.machine import isa
+from mpt.records import rundir
+
+
+def cache_path(cpu_name: str, logical_cpus: int, tf_version: str) -> pathlib.Path:
+  """~/.cache/mpt/microbench/<cpu>-<n>cpu-tf<version>.json (or under $MPT_CACHE)."""
+  root = pathlib.Path(os.environ.get("MPT_CACHE", "~/.cache/mpt")).expanduser()
+  key = re.sub(r"[^A-Za-z0-9]+", "_", cpu_name).strip("_")
+  return root / "microbench" / f"{key}-{logical_cpus}cpu-tf{tf_version}.json"
+
+
+def save_cache(results: dict[str, Any]) -> pathlib.Path:
+  path = cache_path(results["cpu"]["name"], results["cpu"]["logical_cpus"],
+                    results["tensorflow"].get("tf_version", "?"))
+  path.parent.mkdir(parents=True, exist_ok=True)
+  rundir.write_json(path, results)
+  return path
+
+
+def measured_gflops(results: dict[str, Any], dtype: str) -> float | None:
+  """The best TensorFlow matmul GFLOP/s measured for `dtype`."""
+  rates = [r["gflops"] for r in results.get("throughput", [])
+           if r["op"] == "matmul" and r["lib"] == "tensorflow" and r["dtype"] == dtype
+           and r.get("gflops")]
+  return max(rates) if rates else None
+
+
+def cached_gflops(dtype: str) -> tuple[float | None, str | None]:
+  """This machine's cached best matmul GFLOP/s for `dtype`, and the cache file."""
+  import tensorflow as tf
+  cpu = isa.detect()
+  path = cache_path(cpu.name, cpu.logical_cpus, tf.__version__)
+  try:
+    return measured_gflops(json.loads(path.read_text()), dtype), str(path)
+  except (OSError, ValueError):
+    return None, None

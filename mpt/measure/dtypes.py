@@ -1,0 +1,179 @@
+"""Per-layer dtype inspection: where the 16-bit and the 32-bit work of a model goes.
+
+One row per layer: class, dtype policy, compute and variable dtype, the dtype of the
+layer's output *observed in a real forward pass* (not read off the policy), parameter
+count, forward FLOPs per example, and whether its matrix dimensions (channels in/out,
+units) are multiples of 8, the Tensor Core / AMX alignment rule. Below the rows: the
+share of forward FLOPs run in 16-bit and in 32-bit, the layers that run in float32 and
+why, and the dtypes of the gradients (they must be the float32 of the variables).
+
+Used after every training run (dtypes.json, TensorBoard text `inspect/dtypes`) and
+without training by `python -m mpt.main --mode=inspect` (mpt/train/run.py).
+"""
+
+import math
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+
+SIXTEEN = ("float16", "bfloat16")
+MATMUL_LAYERS = (keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.Conv3D,
+                 keras.layers.Dense)
+
+
+def _size(shape) -> int:
+  return int(np.prod([d for d in shape[1:]])) if shape else 0
+
+
+def layer_flops(layer: keras.layers.Layer) -> tuple[int, tuple[int, int] | None]:
+  """(forward FLOPs per example, (matrix dim in, dim out) or None) of one layer.
+
+  A multiply-add counts as 2 FLOPs. Convolutions and dense layers count their
+  multiply-adds (plus one per output for a fused activation); BatchNorm 4 per element
+  (subtract, divide, scale, shift); any other layer one per output element.
+  """
+  if hasattr(layer, "flops_per_example"):  # A custom layer that counts its own.
+    return int(layer.flops_per_example()), None
+  out_shape = tuple(layer.output.shape)
+  out = _size(out_shape)
+  if isinstance(layer, keras.layers.DepthwiseConv2D):
+    k = math.prod(layer.kernel_size)
+    return 2 * out * k, None
+  if isinstance(layer, MATMUL_LAYERS):
+    c_in = layer.input.shape[-1]
+    per_output = c_in * (math.prod(layer.kernel_size) // getattr(layer, "groups", 1)
+                         if hasattr(layer, "kernel_size") else 1)
+    act = out if getattr(layer, "activation", None) not in (
+        None, keras.activations.linear) else 0
+    return 2 * out * per_output + act, (c_in, out_shape[-1])
+  if isinstance(layer, keras.layers.BatchNormalization):
+    return 4 * out, None
+  return out, None
+
+
+def _float32_reason(layer: keras.layers.Layer, global_policy: str) -> str | None:
+  if layer.compute_dtype == "float32":
+    if global_policy == "float32":
+      return "float32 policy"
+    return "dtype forced to float32 (numerically sensitive)"
+  if isinstance(layer, (keras.layers.BatchNormalization,
+                        keras.layers.LayerNormalization)):
+    return f"{type(layer).__name__} normalises in float32 (Keras upcasts 16-bit inputs)"
+  return None
+
+
+def inspect_model(model: keras.Model, batch_size: int = 2, seed: int = 0) -> dict[str, Any]:
+  """The dtype report of `model`, from one forward and one backward pass."""
+  layers = [l for l in model.layers if not isinstance(l, keras.layers.InputLayer)]
+  probe = keras.Model(model.inputs, [l.output for l in layers])
+  shape = (batch_size,) + tuple(model.inputs[0].shape[1:])
+  x = tf.random.stateless_uniform(shape, seed=(seed, 0))
+  observed = probe(x, training=False)
+  global_policy = keras.mixed_precision.global_policy().name
+  rows = []
+  for layer, out in zip(layers, observed):
+    flops, dims = layer_flops(layer)
+    rows.append({
+        "name": layer.name,
+        "class": type(layer).__name__,
+        "policy": layer.dtype_policy.name,
+        "compute_dtype": layer.compute_dtype,
+        "variable_dtype": layer.variable_dtype,
+        "output_dtype": keras.backend.standardize_dtype(out.dtype),
+        "params": int(layer.count_params()),
+        "flops": int(flops),
+        "dims": f"{dims[0]}->{dims[1]}" if dims else "",
+        "aligned8": (dims[0] % 8 == 0 and dims[1] % 8 == 0) if dims else None,
+        "float32_reason": _float32_reason(layer, global_policy),
+    })
+
+  # training=False: a training-mode pass would move BatchNorm's statistics before the
+  # run starts; the gradients' dtypes are the same either way.
+  found: set[str] = set()
+
+  def gradient_dtypes():
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_mean(tf.cast(model(x, training=False), tf.float32))
+    grads = tape.gradient(loss, model.trainable_variables)
+    found.update(g.dtype.name for g in grads if g is not None)
+
+  # In a replica context: under a strategy, gradients with respect to mirrored
+  # variables exist only there (one device: a plain call).
+  if tf.distribute.has_strategy():
+    strategy = tf.distribute.get_strategy()
+    tf.function(lambda: strategy.run(gradient_dtypes))()  # Eager run: slow, warns.
+  else:
+    gradient_dtypes()
+  grad_dtypes = sorted(found)
+  var_dtypes = sorted({v.dtype for v in model.trainable_variables})
+
+  total = sum(r["flops"] for r in rows) or 1
+  f32 = sum(r["flops"] for r in rows if r["float32_reason"])
+  misaligned = sum(r["flops"] for r in rows if r["aligned8"] is False)
+  return {
+      "model": model.name,
+      "policy": global_policy,
+      "input_shape": list(shape[1:]),
+      "layers": rows,
+      "params": int(model.count_params()),
+      "forward_flops_per_example": int(sum(r["flops"] for r in rows)),
+      "flops_share_16bit": (total - f32) / total,
+      "flops_share_32bit": f32 / total,
+      "misaligned_flops_share": misaligned / total,
+      "misaligned_layers": [r["name"] for r in rows if r["aligned8"] is False],
+      "float32_layers": [{"name": r["name"], "reason": r["float32_reason"],
+                          "flops_share": r["flops"] / total}
+                         for r in rows if r["float32_reason"]],
+      "gradient_dtypes": grad_dtypes,
+      "variable_dtypes": var_dtypes,
+      "gradients_match_variables": grad_dtypes == var_dtypes,
+  }
+
+
+def train_step_flops(report: dict[str, Any], batch_size: int) -> int:
+  """FLOPs of one training step: forward + backward (about twice the forward)."""
+  return 3 * report["forward_flops_per_example"] * batch_size
+
+
+COLUMNS = ("name", "class", "policy", "compute_dtype", "variable_dtype", "output_dtype",
+           "params", "flops", "dims", "aligned8")
+
+
+def format_table(report: dict[str, Any], markdown: bool = False) -> str:
+  """The report as a text table (or a Markdown table) with its totals below."""
+  def cell(row, key):
+    value = row[key]
+    if key == "aligned8":
+      return "" if value is None else ("yes" if value else "NO")
+    if key == "flops":
+      return f"{value / 1e6:.2f}M"
+    return str(value)
+  rows = [[cell(r, k) for k in COLUMNS] for r in report["layers"]]
+  header = [k if k != "flops" else "fwd flops" for k in COLUMNS]
+  if markdown:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+  else:
+    widths = [max(len(x) for x in col) for col in zip(header, *rows)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    lines = [fmt.format(*header)] + [fmt.format(*r) for r in rows]
+  f32 = "; ".join(f"{l['name']} ({l['reason']}, {l['flops_share']:.1%})"
+                  for l in report["float32_layers"]) or "none"
+  lines += [
+      "",
+      f"policy {report['policy']}, {report['params']:,} parameters, "
+      f"{report['forward_flops_per_example'] / 1e6:.1f} MFLOPs forward per example",
+      f"forward FLOPs in 16-bit: {report['flops_share_16bit']:.1%}, in 32-bit: "
+      f"{report['flops_share_32bit']:.1%}",
+      f"float32 work: {f32}",
+      f"FLOPs in layers not aligned to multiples of 8: "
+      f"{report['misaligned_flops_share']:.1%} "
+      f"({', '.join(report['misaligned_layers']) or 'none'})",
+      f"gradient dtypes {report['gradient_dtypes']}, variable dtypes "
+      f"{report['variable_dtypes']}: "
+      + ("match" if report["gradients_match_variables"] else "MISMATCH"),
+  ]
+  return "\n".join(lines)

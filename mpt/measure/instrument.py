@@ -1,0 +1,166 @@
+"""Measurement callbacks shared by both loops: step timing and TensorBoard scalars.
+
+Both are plain Keras callbacks: `fit` calls them itself, and the custom loop calls them
+through a `CallbackList` in the same order (mpt/train/loops.py). Keras materialises a batch's
+logs before any `on_train_batch_end` runs, so a step's time covers fetching the batch,
+running the step and reading its result back, the same in both loops, and nothing of
+the progress bar or of logging. The batch fetch is timed on its own too (`fetch`):
+the custom loop calls it, and under `fit` mpt's train function does (mpt/train/loops.py).
+
+Tags are identical for both loops, grouped by slash:
+  per epoch:      train/loss, train/accuracy, eval/loss, eval/accuracy
+  every N steps:  perf/step_time_ms, perf/data_wait_ms, perf/images_per_sec,
+                  perf/tflops, precision/loss_scale, precision/skipped_steps, util/...
+  at the end:     final/ms_per_step, final/images_per_sec, final/val_accuracy (the
+                  HParams dashboard's metrics), with the run's hparams.
+"""
+
+import statistics
+import time
+from typing import Any, Callable
+
+import keras
+import numpy as np
+import tensorflow as tf
+from tensorboard.plugins.hparams import api as hp
+
+from mpt.measure.sampler import Sampler
+
+
+class StepTimer(keras.callbacks.Callback):
+  """Wall time of every train step and of its batch fetch; the latest epoch's logs.
+
+  A resumed run continues from `state()` of the run it resumes: its steps are
+  appended, and its own first `warmup_steps` (tracing again) are left out as well.
+  """
+
+  def __init__(self, warmup_steps: int, state: dict[str, Any] | None = None):
+    super().__init__()
+    state = state or {}
+    self.warmup_steps = warmup_steps
+    self.durations_ms: list[float] = state.get("durations_ms", [])
+    self.waits_ms: list[float] = state.get("waits_ms", [])
+    self.timed: list[bool] = state.get("timed", [])  # False: a warm-up step.
+    self.epoch_logs: dict[str, float] = state.get("epoch_logs", {})
+    self.epochs_done: int = state.get("epochs_done", 0)
+    self._first_here = len(self.durations_ms)
+    self._t0 = 0.0
+    self._wait = 0.0
+
+  def state(self) -> dict[str, Any]:
+    return {"durations_ms": self.durations_ms, "waits_ms": self.waits_ms,
+            "timed": self.timed, "epoch_logs": self.epoch_logs,
+            "epochs_done": self.epochs_done}
+
+  @property
+  def steps(self) -> int:
+    return len(self.durations_ms)
+
+  def fetch(self, iterator):
+    """next(iterator), timed as this step's data wait."""
+    t = time.perf_counter()
+    batch = next(iterator)
+    self._wait = time.perf_counter() - t
+    return batch
+
+  def on_train_batch_begin(self, batch, logs=None):
+    self._wait = 0.0
+    self._t0 = time.perf_counter()
+
+  def on_train_batch_end(self, batch, logs=None):
+    self.durations_ms.append((time.perf_counter() - self._t0) * 1e3)
+    self.waits_ms.append(self._wait * 1e3)
+    self.timed.append(self.steps - self._first_here > self.warmup_steps)
+
+  def on_epoch_end(self, epoch, logs=None):
+    self.epoch_logs = dict(logs or {})
+    self.epochs_done = epoch + 1
+
+  def _steady(self) -> list[int]:
+    """Indices of the timed steps; a run shorter than its warm-up keeps all but the
+    first step of this process (the trace), so that a number exists."""
+    steady = [i for i, t in enumerate(self.timed) if t]
+    return steady or list(range(self._first_here + 1, self.steps)) or \
+        list(range(self._first_here, self.steps))
+
+  def steady(self) -> list[float]:
+    return [self.durations_ms[i] for i in self._steady()]
+
+  def median_ms(self) -> float | None:
+    times = self.steady()
+    return statistics.median(times) if times else None
+
+  def stats(self) -> dict[str, Any]:
+    """Step-time percentiles and data-wait share over the steps after warm-up."""
+    steady = self._steady()
+    times = [self.durations_ms[i] for i in steady]
+    waits = [self.waits_ms[i] for i in steady]
+    if not times:
+      return {"median": None, "p10": None, "p90": None, "data_wait_share": None}
+    p10, p90 = np.percentile(times, [10, 90])
+    return {"median": statistics.median(times), "p10": float(p10), "p90": float(p90),
+            "data_wait_ms_median": statistics.median(waits),
+            "data_wait_share": sum(waits) / sum(times)}
+
+
+class ScalarWriter(keras.callbacks.Callback):
+  """Writes metrics per epoch and, when `detailed`, perf/precision/util every N steps."""
+
+  def __init__(self, run_dir: str, timer: StepTimer, batch_size: int, *,
+               every: int = 10, detailed: bool = True,
+               sampler: Sampler | None = None, flops_per_step: int | None = None,
+               precision_state: Callable[[], dict[str, float]] | None = None,
+               texts: dict[str, str] | None = None,
+               hparams: dict[str, Any] | None = None):
+    super().__init__()
+    self.writer = tf.summary.create_file_writer(run_dir)
+    self.timer, self.batch_size, self.every = timer, batch_size, every
+    self.detailed, self.sampler, self.flops_per_step = detailed, sampler, flops_per_step
+    self.precision_state = precision_state
+    self.texts, self.hparams = texts or {}, hparams
+
+  def on_train_begin(self, logs=None):
+    with self.writer.as_default(step=0):
+      for tag, text in self.texts.items():
+        tf.summary.text(tag, text)
+      if self.hparams:
+        hp.hparams(self.hparams)
+
+  def on_train_batch_end(self, batch, logs=None):
+    step = self.timer.steps
+    if not self.detailed or step % self.every:
+      return
+    recent = self.timer.durations_ms[-self.every:]
+    ms = statistics.median(recent)
+    with self.writer.as_default(step=step):
+      tf.summary.scalar("perf/step_time_ms", ms)
+      tf.summary.scalar("perf/data_wait_ms", statistics.fmean(self.timer.waits_ms[-self.every:]))
+      tf.summary.scalar("perf/images_per_sec", self.batch_size / ms * 1e3)
+      if self.flops_per_step:
+        tf.summary.scalar("perf/tflops", self.flops_per_step / ms * 1e3 / 1e12)
+      for name, value in (self.precision_state() if self.precision_state else {}).items():
+        tf.summary.scalar(f"precision/{name}", value)
+      for name, value in (self.sampler.drain() if self.sampler else {}).items():
+        tf.summary.scalar(f"util/{name}", value)
+
+  def on_epoch_end(self, epoch, logs=None):
+    with self.writer.as_default(step=self.timer.steps):
+      for key, value in (logs or {}).items():
+        tag = f"eval/{key[4:]}" if key.startswith("val_") else f"train/{key}"
+        tf.summary.scalar(tag, value)
+    self.writer.flush()
+
+  def write_final(self, summary: dict[str, Any]) -> None:
+    """The HParams dashboard's metrics: the run's headline figures, at its last step."""
+    with self.writer.as_default(step=self.timer.steps):
+      for key in ("ms_per_step", "images_per_sec", "val_accuracy"):
+        if summary.get(key) is not None:
+          tf.summary.scalar(f"final/{key}", summary[key])
+
+  def text(self, tag: str, text: str) -> None:
+    with self.writer.as_default(step=self.timer.steps):
+      tf.summary.text(tag, text)
+
+  def close(self) -> None:
+    self.writer.flush()
+    self.writer.close()

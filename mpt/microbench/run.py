@@ -1,0 +1,123 @@
+"""`--mode=microbench`: what the CPU can do, what TensorFlow uses, and how close it gets.
+
+  python -m mpt.main --mode=microbench                # ~1-2 min on 2 cores
+  python -m mpt.main --mode=microbench --quick        # seconds, for tests
+  python -m mpt.main --mode=microbench --compare_python=/opt/tf-src/bin/python
+
+Sections, each its own module: the ISA and peak FLOP rate (mpt/machine/isa.py); TF's build, the
+instructions it was not compiled for and oneDNN's dispatched ISA (tfbuild.py); FMA
+and 16-bit accumulation accuracy against exact arithmetic (fma.py); elementwise SIMD
+width and matmul/conv2d GFLOP/s (throughput.py). The report (report.py) is printed,
+written as `microbench.json` and TensorBoard scalars/text in a run folder, and cached
+per machine (mpt/machine/rates.py) so that training runs can compare their FLOP rate with the measured one.
+"""
+
+import sys
+import time
+from typing import Any
+
+from mpt import config
+from mpt.errors import UserError
+from mpt.machine import rates
+from mpt.microbench import options as options_lib
+from mpt.microbench import report
+from mpt.records import rundir
+
+# Exact arithmetic costs ~0.1 ms per rounding in Python: the counts keep the FMA and
+# dot-product sections at ~10 s.
+QUICK = {"sizes": [64, 128], "simd_n": 1 << 16, "fma_n": 400,
+         "dots": ((4, 50), (64, 10)), "min_time": 0.02}
+FULL = {"simd_n": 1 << 24, "fma_n": 10000, "dots": ((4, 1000), (64, 100)),
+        "min_time": 0.3}
+
+
+def parse_list(spec: str, flag: str, valid=None, kind=str) -> list:
+  """A comma-separated flag value -> list; UserError naming what is wrong."""
+  items = [s.strip() for s in spec.split(",")] if spec.strip() else []
+  if not items or "" in items:
+    raise UserError(f"--{flag}={spec!r} must be a comma-separated list")
+  if len(set(items)) != len(items):
+    raise UserError(f"--{flag}={spec!r} lists a value twice")
+  if kind is int:
+    try:
+      values = [int(s) for s in items]
+    except ValueError:
+      raise UserError(f"--{flag}={spec!r} must list whole numbers") from None
+    bad = [v for v in values if v < 1 or v > 16384]
+    if bad:
+      raise UserError(f"--{flag}: size {bad[0]} is out of range 1..16384")
+    return values
+  unknown = [s for s in items if valid and s not in valid]
+  if unknown:
+    raise UserError(f"--{flag}: unknown dtype {unknown[0]!r}; valid: {', '.join(valid)}")
+  return items
+
+
+def measure(sizes: list[int], dtypes: list[str], quick: bool,
+            python: str = sys.executable) -> dict[str, Any]:
+  """Every section's results, for this interpreter's TensorFlow; JSON-serialisable."""
+  from mpt.machine import hardware
+  from mpt.machine import isa
+  from mpt.microbench import fma
+  from mpt.microbench import tfbuild
+  from mpt.microbench import throughput
+  p = {**FULL, "sizes": sizes} if not quick else QUICK
+  start = time.perf_counter()
+  cpu = isa.detect()
+  gpus = [{"name": name, "compute_capability": f"{cc[0]}.{cc[1]}",
+           "tensor_cores": cc >= (7, 0)}
+          for name, cc in zip(hardware.gpu_names(), hardware.gpu_compute_capabilities())]
+  out = {
+      "cpu": {"name": cpu.name, "vendor": cpu.vendor, "family": cpu.family,
+              "logical_cpus": cpu.logical_cpus, "physical_cores": cpu.physical_cores,
+              "mhz": cpu.mhz, "source": cpu.source},
+      "isa": cpu.isa(),
+      "gpus": gpus,
+      "tensorflow": tfbuild.probe(python),
+      "peak": {d: isa.peak_gflops(cpu, d) for d in ("float32", "bfloat16", "float16")},
+      "fma": [fma.fma_accuracy(d, p["fma_n"]) for d in ("float32", "float16")],
+      "fma_example": fma.worked_example(),
+      "dot": [fma.dot_accuracy(d, length, n)
+              for d in ("float16", "bfloat16") for length, n in p["dots"]],
+      "simd": throughput.simd(p["simd_n"], min_time=p["min_time"]),
+      "throughput": (throughput.matmul(p["sizes"], dtypes, min_time=p["min_time"]) +
+                     throughput.conv2d(dtypes, min_time=p["min_time"])),
+  }
+  for row in out["throughput"]:
+    peak = out["peak"].get(row["dtype"], {}).get("gflops")
+    row["peak_share"] = row["gflops"] / peak if row.get("gflops") and peak else None
+  out["seconds"] = time.perf_counter() - start
+  return out
+
+
+def run(cfg: config.Config, opts: options_lib.MicrobenchOptions) -> dict[str, Any]:
+  """`--mode=microbench`: measures, prints the report, writes the run folder (named
+  after `cfg`, under its --logdir)."""
+  from mpt.microbench import throughput  # TensorFlow: imported when measuring.
+  config.validate(cfg)
+  config.validate(opts)
+  sizes = parse_list(opts.microbench_sizes, "microbench_sizes", kind=int)
+  dtypes = parse_list(opts.microbench_dtypes, "microbench_dtypes",
+                      valid=throughput.GEMM_DTYPES)
+  rundir.check_root(cfg)
+  other_version = None
+  if opts.compare_python:  # Checked before the minutes of measuring start.
+    from mpt.microbench import tfbuild
+    other_version = tfbuild.check_python(opts.compare_python)
+  results = measure(sizes, dtypes, opts.quick)
+  other = None
+  if opts.compare_python:
+    print(f"mpt: measuring again under {opts.compare_python} (TF {other_version})",
+          flush=True)
+    other = report.run_other(opts.compare_python, sizes, dtypes, opts.quick)
+  run_dir = rundir.create(cfg, "microbench")
+  summary = {"status": "completed", "run_dir": str(run_dir), **results}
+  if other:
+    summary["compare"] = {"python": opts.compare_python, "results": other}
+  print(report.format_report(results, other), flush=True)
+  rundir.write_json(run_dir / "microbench.json", summary)
+  report.write_events(run_dir, results, other)
+  cached = rates.save_cache(results)
+  print(f"mpt: wrote {run_dir / 'microbench.json'} (cached as {cached}); "
+        f"{results['seconds']:.0f} s", flush=True)
+  return summary

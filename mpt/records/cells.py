@@ -1,0 +1,133 @@
+"""sweep.csv: a sweep's cells, one row each, typed.
+
+`Cell` is the one owner of the file's rows: its fields are the CSV columns in file
+order, `from_row()` is the only parser of a row (how a cell's XLA setting or a missing
+figure is spelled in the file is decided here, once) and `to_row()` the only writer.
+The sweep appends a row as each cell finishes (`append_csv`); the sweep's report and
+the sweep's diagnosis read them back (`read_csv`). A cell run again appends another
+row: readers see the newest row of each cell. A finished cell's figures come from its
+run's summary.json (`figures_from_summary`), read through mpt/records/summary.py.
+"""
+
+import csv
+import dataclasses
+import importlib.metadata
+import pathlib
+from typing import Any
+
+from mpt.machine import isa
+from mpt.records import summary as summary_lib
+
+TRUE = ("true", "1")
+
+
+@dataclasses.dataclass
+class Cell:
+  """One sweep cell: what ran (the axes), how it ended, its figures, where."""
+  model: str = ""
+  image_size: int = 0
+  batch_size: int = 0
+  policy: str = ""
+  loop: str = ""
+  jit_compile: bool = False
+  # ok, OOM, timeout, failed or interrupted.
+  status: str = ""
+  # Figures of an `ok` cell (from its summary.json); None where not measured.
+  ms_per_step: float | None = None
+  images_per_sec: float | None = None
+  peak_rss_mb: float | None = None
+  cpu_percent: float | None = None
+  val_accuracy: float | None = None
+  device: str = ""
+  error: str = ""  # Why a cell did not finish: its last error line.
+  run_dir: str = ""
+  # What the numbers were measured on (`environment()`).
+  tf_version: str = ""
+  cpu: str = ""
+  cpu_isa: str = ""
+
+  @property
+  def id(self) -> str:
+    """The cell's name (its run folder under cells/, and sweep.csv's key)."""
+    return (f"{self.model}_{self.image_size}px_b{self.batch_size}_{self.policy}_"
+            f"{self.loop}{'_xla' if self.jit_compile else ''}")
+
+  @property
+  def label(self) -> str:
+    """The cell for a human, in a table."""
+    return (f"{self.model} {self.image_size}px b{self.batch_size} {self.policy} "
+            f"{self.loop}{' xla' if self.jit_compile else ''}")
+
+  @property
+  def ms(self) -> float | None:
+    """ms/step of a cell that finished; None for any other (an OOM has no figure)."""
+    return self.ms_per_step if self.status == "ok" else None
+
+  @classmethod
+  def from_row(cls, row: dict[str, str]) -> "Cell":
+    """A CSV row (strings; a missing or empty column takes the default)."""
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+      text = row.get(f.name)
+      if text in ("", None):
+        continue
+      if f.type is bool:  # Written as True/False; a hand-edited file may say true, 1.
+        values[f.name] = text.lower() in TRUE
+      elif f.type in (int, str):
+        values[f.name] = f.type(text)
+      else:  # The figures, float | None.
+        values[f.name] = float(text)
+    return cls(**values)
+
+  def to_row(self) -> dict[str, str]:
+    """The CSV row: str() of each value (bools True/False), None as empty."""
+    return {k: "" if v is None else str(v) for k, v in dataclasses.asdict(self).items()}
+
+
+COLUMNS = tuple(f.name for f in dataclasses.fields(Cell))
+
+
+def read_csv(path: pathlib.Path) -> list[Cell]:
+  """sweep.csv's cells, the newest row of each, in the order the cells first appear;
+  [] if there is no file yet."""
+  if not path.exists():
+    return []
+  with path.open(newline="") as f:
+    latest: dict[str, Cell] = {}
+    for row in csv.DictReader(f):
+      cell = Cell.from_row(row)
+      latest[cell.id] = cell
+    return list(latest.values())
+
+
+def append_csv(path: pathlib.Path, cell: Cell) -> None:
+  """Appends the cell's row (the header first, into a new file), flushed at once: a
+  sweep stopped later keeps it."""
+  new = not path.exists()
+  with path.open("a", newline="") as f:
+    writer = csv.DictWriter(f, COLUMNS)
+    if new:
+      writer.writeheader()
+    writer.writerow(cell.to_row())
+    f.flush()
+
+
+def environment() -> dict[str, str]:
+  """What the numbers were measured on (without importing TensorFlow)."""
+  cpu = isa.detect()
+  try:
+    tf_version = importlib.metadata.version("tensorflow")
+  except importlib.metadata.PackageNotFoundError:
+    tf_version = "?"
+  return {"tf_version": tf_version, "cpu": cpu.name,
+          "cpu_isa": " ".join(k for k, v in cpu.isa().items() if v)}
+
+
+def figures_from_summary(path: pathlib.Path) -> dict[str, Any]:
+  """A finished cell's figures, from its run's summary.json (Cell fields)."""
+  s = summary_lib.read(path)
+  util = s.util or {}
+  return {"ms_per_step": s.ms_per_step, "images_per_sec": s.images_per_sec,
+          "val_accuracy": s.val_accuracy, "device": s.device or "",
+          "peak_rss_mb": util.get("rss_mb", {}).get("max"),
+          "cpu_percent": util.get("process_cpu_percent", {}).get("mean")}

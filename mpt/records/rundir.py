@@ -1,0 +1,63 @@
+"""Run folders: one fresh folder per run under the logs root, and atomic file writes.
+
+A run never overwrites an earlier one: the folder is created with `mkdir` (atomic, so
+two runs started at once cannot share it) and gets a `-1`, `-2`, ... suffix when the
+name is taken. Files that other tools read (summary.json) are written to a temporary
+name and renamed, so a reader never sees half a file.
+"""
+
+import datetime
+import json
+import os
+import pathlib
+from typing import Any
+
+from mpt.config import Config
+from mpt.errors import UserError
+
+
+def default_name(cfg: Config, mode: str = "train") -> str:
+  stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+  if mode == "microbench":  # Measures the machine, not a model or a policy.
+    return f"{stamp}_microbench"
+  what = cfg.loop if mode == "train" else mode
+  return f"{stamp}_{cfg.model}_{cfg.policy}_{what}"
+
+
+def check_root(cfg: Config) -> None:
+  """Fails fast, before any data is loaded, if no run folder can be made under logdir."""
+  root = pathlib.Path(cfg.logdir).expanduser()
+  try:
+    root.mkdir(parents=True, exist_ok=True)
+  except OSError as e:
+    raise UserError(f"cannot create --logdir={str(root)!r}: {e.strerror or e}") from None
+  if not os.access(root, os.W_OK | os.X_OK):
+    raise UserError(f"--logdir={str(root)!r} is not writable")
+
+
+def create(cfg: Config, mode: str = "train") -> pathlib.Path:
+  """Creates and returns a new, empty run folder for a `mode` run (named after it
+  unless --run_name says); UserError if the root is unusable."""
+  root = pathlib.Path(cfg.logdir).expanduser()
+  name = cfg.run_name or default_name(cfg, mode)
+  if "/" in name or name in (".", ".."):
+    raise UserError(f"--run_name={name!r} must be a plain folder name")
+  try:
+    root.mkdir(parents=True, exist_ok=True)
+    for i in range(10_000):
+      path = root / (name if i == 0 else f"{name}-{i}")
+      try:
+        path.mkdir()
+        return path
+      except FileExistsError:
+        continue
+  except OSError as e:
+    raise UserError(f"cannot create a run folder under --logdir={str(root)!r}: "
+                    f"{e.strerror or e}") from None
+  raise UserError(f"too many runs named {name!r} under {root}")
+
+
+def write_json(path: pathlib.Path, obj: Any) -> None:
+  tmp = path.with_name(f".{path.name}.tmp")
+  tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+  os.replace(tmp, path)

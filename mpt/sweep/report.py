@@ -1,0 +1,80 @@
+"""A sweep's report: the seed-style Markdown table `sweep.md`, and the optional
+`sweep.png`, from the sweep's cells (mpt/records/cells.py owns sweep.csv).
+
+The table is laid out like the seed's: one table per model and image size (and XLA
+setting), rows = batch size, columns = ms/step per policy (x loop when there are
+several), then the speed-up of each 16-bit policy over float32 (float32 ms/step over
+the policy's ms/step: > 1 means faster). A cell that did not finish shows its status
+(`OOM`, `timeout`, `failed`) instead of a number, as the seed showed a dash.
+"""
+
+import pathlib
+
+from mpt.records.cells import Cell
+
+
+def markdown(cells: list[Cell]) -> str:
+  """The seed-style tables of a sweep's cells (read back from sweep.csv or fresh)."""
+  groups: dict[tuple, list[Cell]] = {}
+  for c in cells:
+    groups.setdefault((c.model, c.image_size, c.jit_compile), []).append(c)
+  out = []
+  for (model, size, jit), group in groups.items():
+    loops = list(dict.fromkeys(c.loop for c in group))
+    columns = list(dict.fromkeys((c.policy, c.loop) for c in group))
+    label = lambda p, l: p if len(loops) == 1 else f"{p} {l}"
+    speedups = [(p, l) for p, l in columns if p != "float32" and ("float32", l) in columns]
+    cell = {(c.batch_size, c.policy, c.loop): c for c in group}
+    batches = sorted({b for b, _, _ in cell})
+    xla = ", XLA" if jit else ""
+    out.append(f"## {model}, {size} px{xla}: ms/step\n")
+    header = ["batch"] + [label(p, l) for p, l in columns] + \
+        [f"{label(p, l)} vs float32" for p, l in speedups]
+    out.append("| " + " | ".join(header) + " |")
+    out.append("|" + "---|" * len(header))
+    for b in batches:
+      line = [str(b)]
+      for p, l in columns:
+        c = cell.get((b, p, l))
+        line.append("" if c is None else (f"{c.ms:.1f}" if c.ms else c.status))
+      for p, l in speedups:
+        mine, base = cell.get((b, p, l)), cell.get((b, "float32", l))
+        ok = mine and base and mine.ms and base.ms
+        line.append(f"{base.ms / mine.ms:.2f}x" if ok else "-")
+      out.append("| " + " | ".join(line) + " |")
+    out.append("")
+  return "\n".join(out)
+
+
+def plot(cells: list[Cell], path: pathlib.Path) -> str:
+  """ms/step and images/s vs batch size, a line per policy/loop; optional matplotlib."""
+  try:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+  except ImportError:
+    return "plot skipped: matplotlib is not installed (pip install matplotlib)"
+  done = [c for c in cells if c.ms]
+  if not done:
+    return "plot skipped: no finished cell"
+  fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+  lines: dict[str, list] = {}
+  for c in done:
+    key = f"{c.model} {c.image_size}px {c.policy} {c.loop}"
+    lines.setdefault(key, []).append((c.batch_size, c.ms, c.images_per_sec))
+  for key, points in lines.items():
+    points.sort()
+    ax1.plot([p[0] for p in points], [p[1] for p in points], "o-", label=key)
+    ax2.plot([p[0] for p in points], [p[2] for p in points], "o-", label=key)
+  for ax, ylabel in ((ax1, "ms/step"), (ax2, "images/s")):
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.set_xlabel("batch size")
+    ax.set_ylabel(ylabel)
+    ax.grid(True, alpha=0.3)
+  ax1.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+  return path.name

@@ -1,0 +1,108 @@
+"""What happens when a run goes wrong: divergence, signals, and injected faults.
+
+- `DivergenceGuard` stops a run whose loss is NaN/Inf (any policy) or whose dynamic
+  loss scale fell below `--min_loss_scale` (gradients stay non-finite however far the
+  scale drops). It raises `Diverged` at the end of the step, before the checkpoint
+  callback runs, so the last good checkpoint is never overwritten.
+- `SignalStop` turns SIGINT and SIGTERM into a clean stop at the next step boundary
+  (checkpoint, events, summary.json `interrupted`); a second signal exits at once.
+- `FaultInjector` multiplies the loss by `--fault_factor` during `--fault_steps`, the
+  same way in both loops (the shared loss reads the factor variable), to exercise
+  loss scaling (1e30 overflows float16 gradients) and divergence (nan).
+(The faults a sweep must survive are injected by mpt/injection.py.)
+"""
+
+import math
+import os
+import signal
+import sys
+from typing import Callable
+
+import keras
+import tensorflow as tf
+
+
+class Diverged(Exception):
+  """Training produced non-finite values it cannot recover from."""
+
+  def __init__(self, step: int, reason: str):
+    super().__init__(f"diverged at step {step}: {reason}")
+    self.step, self.reason = step, reason
+
+
+class Interrupted(Exception):
+  """A SIGINT/SIGTERM asked the run to stop; raised at a step boundary."""
+
+
+class DivergenceGuard(keras.callbacks.Callback):
+  """`steps()`: global steps completed (the run's one step counter)."""
+
+  def __init__(self, steps: Callable[[], int], loss_scale: Callable[[], float | None],
+               min_loss_scale: float):
+    super().__init__()
+    self.steps, self.loss_scale, self.min_loss_scale = steps, loss_scale, min_loss_scale
+
+  @property
+  def step(self) -> int:
+    return self.steps()
+
+  def on_train_batch_end(self, batch, logs=None):
+    # Keras' `loss` is the epoch's running mean: one non-finite step makes it so.
+    loss = (logs or {}).get("loss")
+    if loss is not None and not math.isfinite(loss):
+      raise Diverged(self.step, f"loss is {loss}")
+    scale = self.loss_scale()
+    if scale is not None and scale < self.min_loss_scale:
+      raise Diverged(self.step, f"loss scale fell to {scale:g} (< --min_loss_scale="
+                     f"{self.min_loss_scale:g}): gradients stay non-finite")
+
+
+class SignalStop(keras.callbacks.Callback):
+  """Defers SIGINT/SIGTERM to the end of the running step."""
+
+  def __init__(self):
+    super().__init__()
+    self.signal: int | None = None
+    self._previous = {}
+
+  def install(self) -> "SignalStop":
+    for sig in (signal.SIGINT, signal.SIGTERM):
+      self._previous[sig] = signal.signal(sig, self._handle)
+    return self
+
+  def uninstall(self) -> None:
+    for sig, handler in self._previous.items():
+      signal.signal(sig, handler)
+    self._previous = {}
+
+  def _handle(self, signum, frame):
+    if self.signal is not None:  # Second signal: no more waiting.
+      os.write(2, b"\nmpt: second signal, exiting now\n")
+      os._exit(130)
+    self.signal = signum
+    sys.stderr.write(f"\nmpt: {signal.Signals(signum).name}: stopping after this step "
+                     "(again to exit at once)\n")
+
+  def on_train_batch_end(self, batch, logs=None):
+    if self.signal is not None:
+      raise Interrupted(signal.Signals(self.signal).name)
+
+  on_test_batch_end = on_train_batch_end
+
+
+class FaultInjector(keras.callbacks.Callback):
+  """Sets the loss factor variable to `factor` during global steps first..last;
+  `step()` is the global step being run (1-based)."""
+
+  def __init__(self, factor_var: tf.Variable, factor: float, window: tuple[int, int],
+               step: Callable[[], int]):
+    super().__init__()
+    self.var, self.factor, self.window, self.current = factor_var, factor, window, step
+
+  @property
+  def step(self) -> int:
+    return self.current()
+
+  def on_train_batch_begin(self, batch, logs=None):
+    inside = self.window[0] <= self.step <= self.window[1]
+    self.var.assign(self.factor if inside else 1.0)

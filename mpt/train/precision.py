@@ -1,0 +1,82 @@
+"""Mixed-precision policy: set it, describe it, check the hardware, build the optimizer.
+
+The policy is set globally before the model is built, so every layer picks it up
+without a dtype argument. Under mixed_float16 the optimizer is a Keras
+`LossScaleOptimizer` with dynamic loss scaling in both loops (Keras `compile` would
+wrap it itself for fit; mpt wraps it first so fit and the custom loop share the very
+same optimizer). float16 has too few exponent bits for small gradients; bfloat16 has
+float32's range and needs no loss scaling.
+"""
+
+from absl import logging
+import keras
+
+from mpt.machine import hardware
+
+
+def set_policy(name: str) -> keras.DTypePolicy:
+  """Sets the global Keras dtype policy; returns it."""
+  keras.mixed_precision.set_global_policy(name)
+  return keras.mixed_precision.global_policy()
+
+
+def describe(policy: keras.DTypePolicy) -> str:
+  return (f"Policy: {policy.name}  compute dtype: {policy.compute_dtype}  "
+          f"variable dtype: {policy.variable_dtype}")
+
+
+def slow_path_warning(policy: str, flags: set[str],
+                      gpu_caps: list[tuple[int, int]]) -> str | None:
+  """Why `policy` has no fast 16-bit path on this hardware (one line), or None.
+
+  The rule is `hardware.fast_path`, the diagnosis' too: warned before the run,
+  explained with measurements after it (mpt/diagnose/diagnosis.py).
+  """
+  found = hardware.fast_path(policy, flags, gpu_caps,
+                              "" if gpu_caps else f"this CPU ({hardware.cpu_name()})")
+  return f"{policy}: {found[0]}; use --policy={found[1]}" if found else None
+
+
+def warn_if_slow(policy: str) -> str | None:
+  """Logs (once per run) the slow-path warning for this machine; returns it."""
+  message = slow_path_warning(policy, hardware.cpu_flags(),
+                              hardware.gpu_compute_capabilities())
+  if message:
+    logging.warning("%s", message)
+    print(f"WARNING: {message}", flush=True)
+  return message
+
+
+def make_optimizer(policy: str, learning_rate: float,
+                   loss_scale: str = "dynamic") -> keras.optimizers.Optimizer:
+  """Adam; under mixed_float16 with dynamic loss scaling, or a fixed loss scale.
+
+  A fixed scale is Keras' `loss_scale_factor`: the loss is multiplied by it and the
+  gradients divided by it, with no skipping of non-finite steps.
+  """
+  if policy != "mixed_float16":
+    return keras.optimizers.Adam(learning_rate)
+  if loss_scale != "dynamic":
+    return keras.optimizers.Adam(learning_rate, loss_scale_factor=float(loss_scale))
+  return keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(learning_rate))
+
+
+def loss_scale(optimizer: keras.optimizers.Optimizer) -> float | None:
+  """The current (dynamic or fixed) loss scale, or None without loss scaling."""
+  if optimizer.loss_scale_factor is not None:
+    return float(optimizer.loss_scale_factor)
+  if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+    if not optimizer.built:  # The scale variable exists once the optimizer is built.
+      return float(optimizer.initial_scale)
+    return float(optimizer.dynamic_scale.numpy())
+  return None
+
+
+def skipped_steps(optimizer: keras.optimizers.Optimizer, steps_run: int) -> int:
+  """Steps whose update was skipped for non-finite gradients.
+
+  A LossScaleOptimizer does not advance the inner optimizer's `iterations` on a
+  skipped step, so the gap between steps run and iterations counts them, the same way
+  for fit and the custom loop.
+  """
+  return int(steps_run - int(optimizer.iterations.numpy()))

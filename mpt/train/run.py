@@ -1,0 +1,241 @@
+"""One training run, start to finish: `train_and_evaluate(cfg)` -> summary dict; and
+`inspect_only(cfg)` (`--mode=inspect`), the same model built without training.
+
+Checks the config, creates the tf.distribute strategy (mpt/train/distribute.py), sets
+the precision policy, loads the data, builds the model and the optimizer under the
+strategy's scope (restored from the latest checkpoint with `--resume`), inspects the
+model's dtypes, runs the chosen loop with the run's callbacks (mpt/train/callbacks.py)
+and a utilisation sampler, and writes the run folder: event files, `flags.txt` (a
+flagfile that replays the run), `dtypes.json`, `checkpoints/` and `summary.json` (the
+chief alone, under multi_worker).
+
+However the loop ends, events are flushed and summary.json is written, with status
+`completed`; `interrupted` (Ctrl-C or SIGTERM: a checkpoint is saved first, exit 130);
+`diverged` (NaN/Inf loss or a collapsed loss scale: the last good checkpoint is left
+as it was, exit 3); or `failed` (a bug: the traceback follows). Then `after_run` (the
+diagnosis, passed in by mpt/main.py) reads the folder; its Markdown goes into the
+run's TensorBoard text.
+"""
+
+import dataclasses
+import pathlib
+import shutil
+import tempfile
+import time
+from typing import Any, Callable
+
+from absl import logging
+import keras
+import tensorflow as tf
+
+from mpt import config
+from mpt import injection
+from mpt import models
+from mpt.errors import UserError
+from mpt.measure import dtypes as dtypes_lib
+from mpt.measure import profiler
+from mpt.measure import sampler as sampler_lib
+from mpt.records import rundir
+from mpt.train import callbacks as callbacks_lib
+from mpt.train import checkpoint
+from mpt.train import data as data_lib
+from mpt.train import distribute
+from mpt.train import guards
+from mpt.train import loops
+from mpt.train import precision
+from mpt.train import steps as steps_lib
+from mpt.train import summary as summary_lib
+
+AfterRun = Callable[[pathlib.Path], str | None]
+
+
+def resume_config(cfg: config.Config) -> config.Config:
+  """The config a run folder was started with, to continue it (`--resume`)."""
+  flags_txt = pathlib.Path(cfg.resume).expanduser() / "flags.txt"
+  if not flags_txt.is_file():
+    raise UserError(f"--resume={cfg.resume!r} is not a run folder (no flags.txt)")
+  saved = config.from_flagfile(flags_txt.read_text())
+  return dataclasses.replace(saved, resume=cfg.resume, verbose=cfg.verbose)
+
+
+def _prepare(cfg: config.Config):
+  """Everything before the first step; UserError before any work where possible."""
+  config.validate(cfg)
+  injection.injected_faults()  # A malformed MPT_INJECT_FAULT is bad input, said now.
+  # First: devices and collectives can only be set up before TF's runtime starts.
+  dist = distribute.setup(cfg)
+  distribute.check_batch(cfg, dist)
+  models.parse_opts(cfg.model, cfg.model_opts)  # Checks the name and the options.
+  if dist.is_chief:
+    rundir.check_root(cfg)
+  profiler.parse_window(cfg.profile_steps, cfg.warmup_steps, 10**12)  # Syntax, early.
+  fault_window = config.parse_steps(cfg.fault_steps, "fault_steps")
+  keras.backend.clear_session()  # Fresh graph state when runs share a process (tests).
+  keras.utils.set_random_seed(cfg.seed)
+  if cfg.deterministic:
+    tf.config.experimental.enable_op_determinism()
+  tf.config.experimental.enable_tensor_float_32_execution(cfg.tf32)
+  policy = precision.set_policy(cfg.policy)
+  print(precision.describe(policy), flush=True)
+  print(f"mpt: {dist.describe()}", flush=True)
+  slow_warning = precision.warn_if_slow(cfg.policy)
+  data = data_lib.load(cfg)
+  logging.info("data: %s, %d train / %d val images, %d classes, %d skipped files",
+               data.source, data.n_train, data.n_val, len(data.class_names),
+               len(data.skipped_files))
+  window = profiler.parse_window(cfg.profile_steps, cfg.warmup_steps,
+                                 cfg.epochs * data.steps_per_epoch)
+  return policy, slow_warning, data, window, fault_window, dist
+
+
+def build_model(cfg: config.Config, n_classes: int, replicas: int = 1) -> keras.Model:
+  """The --model variant for --image_size inputs (under the caller's strategy scope)."""
+  size = cfg.image_size
+  return models.build(cfg.model, (size, size, 3), n_classes,
+                      run_options={"bn_momentum": cfg.bn_momentum,
+                                   "bn_synchronized": cfg.sync_batchnorm and replicas > 1},
+                      **models.parse_opts(cfg.model, cfg.model_opts))
+
+
+def train_and_evaluate(cfg: config.Config,
+                       after_run: AfterRun | None = None) -> dict[str, Any]:
+  """Runs one training run as `cfg` says; returns what it wrote to summary.json."""
+  start = time.perf_counter()
+  if cfg.resume:
+    cfg = resume_config(cfg)
+  policy, slow_warning, data, window, fault_window, dist = _prepare(cfg)
+  if cfg.resume:
+    run_dir = pathlib.Path(cfg.resume).expanduser()
+  elif dist.is_chief:
+    run_dir = rundir.create(cfg)
+    (run_dir / "flags.txt").write_text(config.to_flagfile(cfg))
+  # Only the chief writes the run folder; another worker writes into a scratch folder
+  # deleted at its end (it must still take part in every checkpoint save).
+  out_dir = run_dir if dist.is_chief else pathlib.Path(
+      tempfile.mkdtemp(prefix=f"mpt-{dist.task.replace(':', '')}-"))
+  if not dist.is_chief:
+    run_dir = run_dir if cfg.resume else out_dir
+    cfg = dataclasses.replace(cfg, verbose=0, profile_steps="")
+    window = None
+    print(f"mpt: {dist.task} is not the chief: the chief writes the run folder",
+          flush=True)
+  with dist.strategy.scope():  # Variables become mirrored (or stay local: default).
+    model = build_model(cfg, len(data.class_names), dist.replicas)
+    optimizer = precision.make_optimizer(cfg.policy, cfg.learning_rate, cfg.loss_scale)
+    optimizer.build(model.trainable_variables)  # Its slots must exist to be restored.
+  ckpt = checkpoint.Checkpointer(run_dir, model, optimizer, cfg.keep_checkpoints,
+                                 write_dir=out_dir)
+  start_step, prior = 0, {}
+  if cfg.resume:
+    start_step, _, prior = ckpt.restore()
+    if dist.is_chief:
+      checkpoint.prune_events(run_dir, start_step)
+    print(f"mpt: resuming {run_dir} at step {start_step}", flush=True)
+  prior_wall = prior.get("wall_s", 0.0)
+
+  report = None
+  if cfg.instrument:
+    with dist.strategy.scope():
+      report = dtypes_lib.inspect_model(model, seed=cfg.seed)
+    rundir.write_json(out_dir / "dtypes.json", report)
+    logging.info("per-layer dtypes:\n%s", dtypes_lib.format_table(report))
+  sampler = sampler_lib.Sampler(cfg.sample_every) \
+      if cfg.instrument and dist.is_chief else None
+  cbs = callbacks_lib.make(
+      cfg, out_dir=str(out_dir), profile_dir=str(run_dir), start_step=start_step,
+      prior=prior, window=window, fault_window=fault_window, ckpt=ckpt,
+      steps_per_epoch=data.steps_per_epoch, sampler=sampler,
+      flops_per_step=dtypes_lib.train_step_flops(report, cfg.batch_size)
+      if report else None,
+      loss_scale=lambda: precision.loss_scale(optimizer),
+      skipped_steps=lambda steps: precision.skipped_steps(optimizer, steps),
+      texts={"run/flags": "```\n" + config.to_flagfile(cfg) + "```",
+             "precision/policy": precision.describe(policy),
+             "run/strategy": dist.describe(),
+             **({"inspect/dtypes": dtypes_lib.format_table(report, markdown=True)}
+                if report else {})},
+      hparams=_hparams(cfg) if cfg.instrument and not cfg.resume else None,
+      state=lambda timer: {"timer": timer.state(),
+                           "wall_s": prior_wall + time.perf_counter() - start})
+  run = summary_lib.RunState(cfg, str(run_dir), policy, data, optimizer, cbs.timer,
+                             ckpt, dist, slow_warning, report, sampler)
+
+  status, message = "failed", None  # Until the loop returns or is stopped.
+  try:
+    cbs.stop.install()
+    injection.inject_run_fault(cfg.batch_size, cfg.policy)
+    if sampler:
+      sampler.start()
+    with dist.strategy.scope():
+      loops.LOOPS[cfg.loop](model, optimizer, data, cfg, cbs.ordered,
+                            fetch=cbs.timer.fetch if cfg.instrument else None,
+                            loss=steps_lib.make_loss(cbs.loss_factor),
+                            start_step=start_step)
+    cbs.checkpoints.save()
+    status = "completed"
+  except (KeyboardInterrupt, guards.Interrupted):
+    status = "interrupted"
+    saved = cbs.checkpoints.save() or ckpt.latest
+    message = f"mpt: interrupted at step {cbs.counter.done}; checkpoint {saved}"
+  except guards.Diverged as e:
+    status = "diverged"
+    message = (f"mpt: {e}; last good checkpoint: {ckpt.latest or 'none'} "
+               f"(resume with --resume={run_dir})")
+  finally:
+    cbs.stop.uninstall()
+    if cbs.window:
+      cbs.window.close()
+    if sampler:
+      sampler.stop()
+    summary = summary_lib.build(run, status,
+                                prior_wall + time.perf_counter() - start, message)
+    cbs.writer.write_final(summary.to_dict())
+    summary.write(out_dir / "summary.json")
+    if message:
+      print(message, flush=True)
+    if after_run and dist.is_chief and status != "failed":  # A traceback says enough.
+      text = after_run(run_dir)
+      if text:
+        cbs.writer.text("diagnosis/report", text)
+    cbs.writer.close()
+    if not dist.is_chief:
+      shutil.rmtree(out_dir, ignore_errors=True)
+      summary.run_dir = None
+
+  where = run_dir if dist.is_chief else f"{dist.task} (the chief wrote the outputs)"
+  parts = [f"mpt: {status}: {where}", f"{summary.steps} steps"]
+  if summary.ms_per_step:
+    parts.append(f"{summary.ms_per_step:.1f} ms/step")
+  if summary.val_accuracy is not None:
+    parts.append(f"val_accuracy {summary.val_accuracy:.3f}")
+  parts.append(f"wall {summary.wall_s:.0f} s")
+  print(", ".join(parts), flush=True)
+  return summary.to_dict()
+
+
+def _hparams(cfg: config.Config) -> dict[str, Any]:
+  return {k: getattr(cfg, k) for k in ("policy", "loop", "model", "batch_size",
+                                       "image_size", "jit_compile", "dataset", "strategy",
+                                       "model_opts")}
+
+
+def inspect_only(cfg: config.Config) -> dict[str, Any]:
+  """`--mode=inspect`: the dtype report of `cfg.model` under `cfg.policy`, no training.
+
+  The model gets 10 classes (Imagenette's) and `--image_size` inputs; the report is
+  printed and written to a run folder as dtypes.json and a TensorBoard text summary.
+  """
+  config.validate(cfg)
+  models.parse_opts(cfg.model, cfg.model_opts)  # Checks the name and the options.
+  rundir.check_root(cfg)
+  keras.backend.clear_session()
+  keras.utils.set_random_seed(cfg.seed)
+  print(precision.describe(precision.set_policy(cfg.policy)))
+  report = dtypes_lib.inspect_model(build_model(cfg, 10), seed=cfg.seed)
+  print(dtypes_lib.format_table(report))
+  run_dir = rundir.create(cfg, "inspect")
+  rundir.write_json(run_dir / "dtypes.json", report)
+  with tf.summary.create_file_writer(str(run_dir)).as_default(step=0):
+    tf.summary.text("inspect/dtypes", dtypes_lib.format_table(report, markdown=True))
+  print(f"mpt: wrote {run_dir / 'dtypes.json'}")
+  return {"status": "completed", "run_dir": str(run_dir), **report}

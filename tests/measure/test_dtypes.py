@@ -1,0 +1,58 @@
+"""Per-layer dtype inspection of the seed convnet under the three policies."""
+
+import json
+
+import pytest
+
+from mpt.measure import dtypes as inspect
+from mpt import models
+from mpt.train import precision
+
+from helpers import mpt
+
+SIXTEEN = {"float32": "float32", "mixed_float16": "float16",
+           "mixed_bfloat16": "bfloat16"}
+
+
+@pytest.mark.parametrize("policy", ["float32", "mixed_float16", "mixed_bfloat16"])
+def test_observed_dtypes_of_the_seed_convnet(policy):
+  precision.set_policy(policy)
+  model = models.build("seed_convnet", (32, 32, 3), 10)
+  report = inspect.inspect_model(model)
+  rows = {r["name"]: r for r in report["layers"]}
+  half = SIXTEEN[policy]
+  # Observed in a forward pass: 16-bit everywhere but the float32 softmax output.
+  for name in ("conv1", "bn1", "conv2", "bn2", "conv3", "bn3", "gap", "logits"):
+    assert rows[name]["output_dtype"] == half, name
+    assert rows[name]["variable_dtype"] == "float32"
+  assert rows["probs"]["output_dtype"] == "float32"
+  assert report["gradient_dtypes"] == ["float32"] and report["gradients_match_variables"]
+
+  # conv1 sees 3 input channels: the one misaligned matrix layer.
+  assert rows["conv1"]["dims"] == "3->32" and rows["conv1"]["aligned8"] is False
+  assert rows["conv2"]["aligned8"] and rows["logits"]["aligned8"] is False  # 128->10
+  assert report["misaligned_layers"] == ["conv1", "logits"]
+  # conv1 at 32 px: 16x16x32 outputs x 5x5x3 multiply-adds x 2, plus the fused ReLU.
+  assert rows["conv1"]["flops"] == 2 * 16 * 16 * 32 * 75 + 16 * 16 * 32
+
+  reasons = {l["name"]: l["reason"] for l in report["float32_layers"]}
+  if policy == "float32":
+    assert set(reasons.values()) == {"float32 policy"} and report["flops_share_16bit"] == 0
+  else:
+    assert set(reasons) == {"bn1", "bn2", "bn3", "probs"}
+    assert "BatchNormalization normalises in float32" in reasons["bn1"]
+    assert "forced to float32" in reasons["probs"]
+    assert 0.95 < report["flops_share_16bit"] < 1.0
+  assert report["flops_share_16bit"] + report["flops_share_32bit"] == pytest.approx(1)
+  table = inspect.format_table(report)
+  assert "conv1" in table and "NO" in table and "gradient dtypes ['float32']" in table
+  assert inspect.format_table(report, markdown=True).startswith("| name | class |")
+
+
+def test_mode_inspect_runs_without_training(tmp_path):
+  proc = mpt("--mode=inspect", "--policy=mixed_bfloat16", "--image_size=48",
+             f"--logdir={tmp_path}", "--run_name=i")
+  assert proc.returncode == 0, proc.stderr
+  assert "compute dtype: bfloat16" in proc.stdout and "conv3" in proc.stdout
+  report = json.loads((tmp_path / "i" / "dtypes.json").read_text())
+  assert report["input_shape"] == [48, 48, 3] and report["policy"] == "mixed_bfloat16"

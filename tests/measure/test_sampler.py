@@ -1,0 +1,69 @@
+"""Utilisation sampler: CPU figures here, GPU figures through a fake NVML, faults."""
+
+import time
+import types
+
+from mpt.measure import sampler as sampler_lib
+
+
+class FakeNvml:
+  """Just enough of pynvml for two GPUs."""
+
+  def __init__(self, fail_init=False):
+    self.fail_init = fail_init
+
+  def nvmlInit(self):
+    if self.fail_init:
+      raise RuntimeError("NVML Shared Library Not Found")
+
+  def nvmlDeviceGetCount(self):
+    return 2
+
+  def nvmlDeviceGetHandleByIndex(self, i):
+    return i
+
+  def nvmlDeviceGetUtilizationRates(self, handle):
+    return types.SimpleNamespace(gpu=[40, 80][handle])
+
+  def nvmlDeviceGetMemoryInfo(self, handle):
+    return types.SimpleNamespace(used=2**30)
+
+
+def test_cpu_figures_and_why_gpu_figures_are_absent():
+  # GPUs are hidden from the test session (conftest.py), whatever the host has.
+  s = sampler_lib.Sampler(period_s=0.05).start()
+  sum(range(3_000_000))  # Some work to sample.
+  time.sleep(0.3)
+  s.stop()
+  assert s.gpu_absent == "no GPU visible to TensorFlow"
+  stats = s.stats()
+  assert set(stats) == {"process_cpu_percent", "system_cpu_percent", "rss_mb"}
+  assert stats["rss_mb"]["max"] >= stats["rss_mb"]["mean"] > 10
+  assert 0 <= stats["system_cpu_percent"]["mean"] <= 100
+
+
+def test_gpu_figures_come_from_nvml():
+  s = sampler_lib.Sampler(period_s=0.05, nvml=FakeNvml())
+  assert s.gpu_absent is None
+  sample = s.sample()
+  assert sample["gpu_percent"] == 60 and sample["gpu_memory_mb"] == 2048
+
+
+def test_nvml_failure_is_reported_not_raised():
+  s = sampler_lib.Sampler(nvml=FakeNvml(fail_init=True))
+  assert s.gpu_absent == "NVML unavailable: NVML Shared Library Not Found"
+  assert "gpu_percent" not in s.sample()
+
+
+def test_a_failing_sample_never_stops_the_thread(monkeypatch):
+  s = sampler_lib.Sampler(period_s=0.02)
+  calls = []
+
+  def broken():
+    calls.append(1)
+    raise OSError("psutil went away")
+  monkeypatch.setattr(s, "sample", broken)
+  s.start()
+  time.sleep(0.2)
+  s.stop()
+  assert len(calls) > 2 and s.stats() == {} and s.drain() == {}

@@ -1,0 +1,194 @@
+"""The microbenchmark: ISA parsing, the exact FMA oracle, the peak formula, TF's
+probe output, bad input, and `--mode=microbench --quick` end to end."""
+
+from fractions import Fraction
+import json
+import os
+import re
+import sys
+
+import pytest
+
+from mpt import config
+from mpt.errors import UserError
+from mpt.machine import isa
+from mpt.machine import rates
+from mpt.microbench import fma
+from mpt.microbench import report
+from mpt.microbench import run as microbench
+from mpt.microbench import tfbuild
+from mpt.microbench.options import MicrobenchOptions
+
+from helpers import CPUINFO, mpt, read_events
+
+
+def cpu(name: str) -> isa.Cpu:
+  return isa.parse_cpuinfo((CPUINFO / name).read_text())
+
+
+@pytest.mark.parametrize("name,present,absent", [
+    ("intel_sapphire_rapids.txt", {"avx512f", "avx512_bf16", "avx512_fp16", "amx_tile",
+                                   "amx_bf16", "avx512_vnni", "fma", "f16c"},
+     {"amx_fp16", "asimd"}),
+    ("amd_zen4.txt", {"avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni"},
+     {"avx512_fp16", "amx_tile", "amx_bf16"}),
+    ("intel_broadwell_avx2.txt", {"sse4_2", "avx", "avx2", "fma", "f16c"},
+     {"avx512f", "avx512_bf16"}),
+    ("arm_neoverse_v1.txt", {"asimd", "asimdhp", "sve", "bf16"}, {"avx2", "fma"}),
+    ("amd_epyc_zen3_dev_machine.txt", {"avx2", "fma", "f16c"},
+     {"avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16"}),
+    ("amd_epyc_zen4_dev_machine.txt", {"avx512f", "avx512_bf16", "avx512_vnni", "fma"},
+     {"avx512_fp16", "amx_tile", "amx_bf16"}),
+    ("intel_spr_amx_recorded.txt", {"avx512f", "avx512_bf16", "avx512_fp16", "amx_tile",
+                                    "amx_bf16", "fma"}, {"amx_fp16", "asimd"}),
+])
+def test_isa_parsing_on_recorded_cpuinfo(name, present, absent):
+  found = cpu(name).isa()
+  assert set(found) == set(isa.ISA_FLAGS)
+  assert all(found[f] for f in present) and not any(found[f] for f in absent)
+
+
+def test_cpuinfo_fields():
+  spr = cpu("intel_sapphire_rapids.txt")
+  assert (spr.vendor, spr.family, spr.logical_cpus, spr.physical_cores, spr.mhz) == (
+      "GenuineIntel", 6, 8, 4, 2400.0)
+  arm = cpu("arm_neoverse_v1.txt")
+  assert arm.vendor == "ARM implementer 0x41" and arm.mhz is None
+  assert arm.logical_cpus == 4 and arm.physical_cores is None
+
+
+def test_missing_cpuinfo_falls_back_to_numpy_and_says_so(tmp_path):
+  found = isa.detect(str(tmp_path / "no-cpuinfo"))
+  assert "numpy's CPU feature detection" in found.source and "not readable" in found.source
+  assert found.flags == isa.numpy_features() and found.logical_cpus >= 1
+  assert isa.peak_gflops(found, "float32")["gflops"] is None  # No clock there.
+
+
+@pytest.mark.parametrize("name,dtype,per_cycle,gflops", [
+    # 4 cores x 2.4 GHz: AVX-512 with 2 FMA units, AMX for bfloat16.
+    ("intel_sapphire_rapids.txt", "float32", 64, 4 * 2.4 * 64),
+    ("intel_sapphire_rapids.txt", "bfloat16", 2048, 4 * 2.4 * 2048),
+    ("intel_sapphire_rapids.txt", "float16", 128, 4 * 2.4 * 128),  # AVX512_FP16
+    # Zen 4: double-pumped AVX-512 (32 float32 FLOP/cycle), VDPBF16PS doubles it.
+    ("amd_zen4.txt", "float32", 32, 4 * 3.7 * 32),
+    ("amd_zen4.txt", "bfloat16", 64, 4 * 3.7 * 64),
+    ("amd_zen4.txt", "float16", 32, 4 * 3.7 * 32),
+    ("intel_broadwell_avx2.txt", "float32", 32, 2 * 2.3 * 32),
+    ("intel_broadwell_avx2.txt", "bfloat16", 32, 2 * 2.3 * 32),
+    ("amd_epyc_zen3_dev_machine.txt", "float32", 32, None),
+])
+def test_peak_formula_on_known_chips(name, dtype, per_cycle, gflops):
+  peak = isa.peak_gflops(cpu(name), dtype)
+  assert peak["flops_per_cycle"] == per_cycle
+  if gflops is not None:
+    assert peak["gflops"] == pytest.approx(gflops)
+  assert "FLOP/cycle" in peak["assumptions"] and "cores" in peak["assumptions"]
+
+
+def test_rounding_follows_ieee():
+  f = Fraction
+  assert fma.round_to(f(1) + f(1, 2**24), "float32") == 1  # tie -> even
+  assert fma.round_to(f(1) + f(3, 2**24), "float32") == 1 + f(2, 2**23)
+  assert fma.round_to(f(65520), "float16") == float("inf")  # rounds past the max
+  assert fma.round_to(f(65519), "float16") == 65504
+  assert fma.round_to(f(1, 2**25), "float16") == 0  # half the smallest subnormal
+  assert fma.round_to(f(3, 2**26), "float16") == f(1, 2**24)
+  assert fma.round_to(f(257), "bfloat16") == 256
+
+
+@pytest.mark.parametrize("fmt,a,b,c,fused,unfused", [
+    # a*b = 1 - 2^-46 exactly; rounding the product first loses it.
+    ("float32", 1 + Fraction(1, 2**23), 1 - Fraction(1, 2**23), -1,
+     -Fraction(1, 2**46), 0),
+    # float16: (1 + 2^-10)^2 = 1 + 2^-9 + 2^-20; minus (1 + 2^-9).
+    ("float16", 1 + Fraction(1, 2**10), 1 + Fraction(1, 2**10), -(1 + Fraction(1, 2**9)),
+     Fraction(1, 2**20), 0),
+    # No cancellation, exact: both agree.
+    ("float32", Fraction(3), Fraction(5), Fraction(7), 22, 22),
+])
+def test_fused_and_unfused_on_hand_picked_cases(fmt, a, b, c, fused, unfused):
+  assert fma.fused(a, b, c, fmt) == fused
+  assert fma.unfused(a, b, c, fmt) == unfused
+  exact = a * b + c
+  assert fma.ulps_off(fma.fused(a, b, c, fmt), exact, fmt) <= 0.5
+
+
+def test_fma_statistics():
+  stats = fma.fma_accuracy("float16", 300)
+  assert 0 < stats["differ_share"] < 1
+  assert stats["fused_max_ulps"] <= 0.5  # One rounding: never more than half an ulp.
+  assert stats["unfused_max_ulps"] > stats["fused_max_ulps"]
+  dots = fma.dot_accuracy("float16", 64, 50)
+  assert dots["acc32_mean_ulps"] < dots["acc16_mean_ulps"]
+  assert dots["acc32_max_ulps"] <= 0.5 + 1e-9  # Exact-ish sum, one final rounding.
+
+
+def test_probe_output_parsing():
+  stdout = "\n".join([
+      "onednn_verbose,v1,info,cpu,isa:Intel AVX2",
+      "MPT-OP matmul float32",
+      "onednn_verbose,v1,primitive,exec,cpu,gemm_api,,undef,src_f32::blocked:ab:f0 "
+      "wei_f32::blocked:ab:f0 dst_f32::blocked:ab:f0,,,48x64:64x64,24.1",
+      "MPT-OP matmul bfloat16",
+      "onednn_verbose,v1,primitive,exec,cpu,matmul,brg_matmul:avx512_core_amx,undef,"
+      "src_bf16::blocked:ab:f0 wei_bf16::blocked:ab:f0 dst_bf16::blocked:ab:f0,,,"
+      "128x128:128x128,0.1",
+      "MPT-OP conv2d float16",
+      'MPT-INFO {"tf_version": "2.21.0", "python": "3.11.7", "build": {}}'])
+  stderr = ("I0000 cpu_feature_guard.cc:227] This TensorFlow binary is optimized...\n"
+            "To enable the following instructions: AVX2 FMA, in other operations, "
+            "rebuild TensorFlow with the appropriate compiler flags.")
+  facts = tfbuild.parse(stdout, stderr)
+  assert facts["not_compiled_for"] == ["AVX2", "FMA"]
+  assert facts["onednn"] and facts["onednn_isa"] == "Intel AVX2"
+  assert facts["onednn_dispatch"] == {
+      "matmul_float32": ["gemm_api on f32"],
+      "matmul_bfloat16": ["matmul:brg_matmul:avx512_core_amx on bf16"],
+      "conv2d_float16": []}
+  assert facts["tf_version"] == "2.21.0"
+
+
+@pytest.mark.parametrize("overrides,words", [
+    (dict(microbench_dtypes="float32,int4"), "unknown dtype 'int4'; valid: float32"),
+    (dict(microbench_dtypes="float32,float32"), "lists a value twice"),
+    (dict(microbench_sizes="256,abc"), "must list whole numbers"),
+    (dict(microbench_sizes=""), "must be a comma-separated list"),
+    (dict(microbench_sizes="0"), "out of range"),
+    (dict(compare_python="/no/such/python"), "is not an executable file"),
+    (dict(compare_python="/bin/true"), "has no working TensorFlow"),
+])
+def test_bad_input_is_a_clear_error(tmp_path, overrides, words):
+  cfg = config.Config(logdir=str(tmp_path / "logs"))
+  with pytest.raises(UserError) as e:
+    microbench.run(cfg, MicrobenchOptions(quick=True, **overrides))
+  assert words in str(e.value)
+  assert not (tmp_path / "logs").exists() or not any((tmp_path / "logs").iterdir())
+
+
+@pytest.mark.slow
+def test_quick_end_to_end_with_a_second_interpreter(tmp_path):
+  proc = mpt("--mode=microbench", "--quick", f"--compare_python={sys.executable}",
+             f"--logdir={tmp_path}/logs", timeout=600,
+             env={**os.environ, "MPT_CACHE": str(tmp_path / "cache")})
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  out = proc.stdout
+  assert "FMA vs multiply-then-add" in out and "Peak (theoretical)" in out
+  assert "second column" in out
+  # Each measured row has the second interpreter's figure and the ratio beside it.
+  assert re.search(r"matmul\s+tensorflow\s+float32\s+64\s.*\|\s+[\d.]+\s+x[\d.]+", out), out
+  run = next((tmp_path / "logs").iterdir())
+  result = json.loads((run / "microbench.json").read_text())
+  assert result["isa"] == isa.detect().isa()  # The stand-in cpuinfo (conftest.py).
+  gemm = [r for r in result["throughput"] if r["op"] == "matmul"]
+  assert {(r["lib"], r["dtype"], r["size"]) for r in gemm} >= {
+      ("tensorflow", "float32", 64), ("tensorflow", "bfloat16", 128),
+      ("tensorflow", "float16", 64), ("numpy", "float32", 128)}
+  assert all(r["gflops"] > 0 for r in gemm)
+  assert result["tensorflow"]["tf_version"] and "compare" in result
+  assert {f["dtype"] for f in result["fma"]} == {"float32", "float16"}
+  tags = read_events(run)
+  assert "microbench/matmul_gflops/tensorflow_float32" in tags
+  assert "microbench/report" in tags
+  cached = list((tmp_path / "cache" / "microbench").glob("*.json"))
+  assert len(cached) == 1
+  assert rates.measured_gflops(json.loads(cached[0].read_text()), "float32") > 0

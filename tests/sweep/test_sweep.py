@@ -1,0 +1,302 @@
+"""Sweeps: a tiny sweep end to end (child processes), OOM and timeout cells, resuming,
+Ctrl-C, bad lists, the sweep folder's name, sweep.csv's rows, and the seed-style table
+for a known CSV (golden)."""
+
+import csv
+import dataclasses
+import io
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from mpt import config
+from mpt.diagnose import diagnosis as diagnose
+from mpt.errors import UserError
+from mpt.machine import isa
+from mpt.records import cells
+from mpt.records import summary as summary_lib
+from mpt.records.cells import Cell
+from mpt.sweep import report as sweep_report
+from mpt.sweep import run as sweep
+from mpt.sweep.options import SweepOptions
+
+from helpers import TINY_FLAGS, read_events, wait_for
+
+TINY = dict(image_size=16, synthetic_train=20, synthetic_val=10,
+            synthetic_px=20, epochs=1, steps_per_epoch=3, warmup_steps=1)
+SWEEP_FLAGS = {f.name for f in dataclasses.fields(SweepOptions)}
+
+
+def tiny_sweep(tmp_path, **overrides) -> tuple[config.Config, SweepOptions]:
+  """The tiny run's Config and the sweep's options; each override goes to its own."""
+  opts = SweepOptions(**{k: v for k, v in overrides.items() if k in SWEEP_FLAGS})
+  cfg = config.Config(**{**TINY, "data_dir": str(tmp_path / "data"),
+                         "logdir": str(tmp_path / "logs"),
+                         **{k: v for k, v in overrides.items() if k not in SWEEP_FLAGS}})
+  return cfg, opts
+
+
+@pytest.mark.slow
+def test_every_way_a_cell_ends_then_a_resume_reruns_only_the_failed(tmp_path,
+                                                                   monkeypatch, capsys):
+  # One cell of each ending, in children that inherit the injected faults: float32 at
+  # batch 8 runs out of memory, mixed_bfloat16 at 8 is SIGKILLed (as the kernel's OOM
+  # killer does), mixed_bfloat16 at 4 fails (a bug); float32 at 4 runs.
+  monkeypatch.setenv("MPT_INJECT_FAULT",
+                     "oom:8/float32,kill:8/mixed_bfloat16,fail:4/mixed_bfloat16")
+  cfg, opts = tiny_sweep(tmp_path, batch_sizes="4,8", policies="float32,mixed_bfloat16")
+  result = sweep.run(cfg, opts, after_run=diagnose.after_run)
+  assert result["status"] == "completed" and result["cells"] == 4
+  out = sweep.sweep_dir(cfg, opts)
+  rows = cells.read_csv(out / "sweep.csv")
+  assert [(r.batch_size, r.policy, r.status) for r in rows] == [
+      (4, "float32", "ok"), (4, "mixed_bfloat16", "failed"),
+      (8, "float32", "OOM"), (8, "mixed_bfloat16", "OOM")]
+  assert rows[0].ms_per_step > 0
+  assert rows[1].error == ("RuntimeError: injected failure "
+                           "(MPT_INJECT_FAULT=fail:4/mixed_bfloat16)")
+  assert "ResourceExhaustedError: OOM when allocating" in rows[2].error
+  assert rows[3].error == "killed (SIGKILL)"
+  cpu = isa.detect()  # The stand-in cpuinfo of the test session (conftest.py).
+  assert rows[0].tf_version and rows[0].cpu == cpu.name
+  assert rows[0].cpu_isa.split() == [k for k, v in cpu.isa().items() if v]
+  table = (out / "sweep.md").read_text()
+  assert "| 4 | " in table and "| 8 | OOM | OOM | - |" in table
+  assert "mixed_bfloat16 vs float32" in table
+  assert (out / "sweep.png").stat().st_size > 0
+  # Every finished cell is an HParams run under cells/.
+  assert "final/ms_per_step" in read_events(rows[0].run_dir)
+  assert "| 8 | OOM | OOM | - |" in capsys.readouterr().out  # printed at the end
+  failed_cell = out / "cells" / "seed_convnet_16px_b4_mixed_bfloat16_fit"
+  (failed_cell / "left_by_the_failed_run").write_text("")
+
+  # The same command again: the ok and OOM cells are finished; the failed one runs
+  # again, in a clean folder; the table then has all four.
+  monkeypatch.delenv("MPT_INJECT_FAULT")
+  assert sweep.run(cfg, opts, after_run=diagnose.after_run)["status"] == "completed"
+  printed = capsys.readouterr().out
+  assert "(3 already finished)" in printed
+  assert [l.split(" ...")[0] for l in printed.splitlines() if l.startswith("mpt: cell ")] == [
+      "mpt: cell 2/4 seed_convnet_16px_b4_mixed_bfloat16_fit"]
+  assert not (failed_cell / "left_by_the_failed_run").exists()
+  assert json.loads((failed_cell / "summary.json").read_text())["status"] == "completed"
+  # The CSV keeps both attempts; readers see the newest row of each cell.
+  assert len((out / "sweep.csv").read_text().splitlines()) == 1 + 5
+  rerun = cells.read_csv(out / "sweep.csv")
+  assert [(r.batch_size, r.policy, r.status) for r in rerun] == [
+      (4, "float32", "ok"), (4, "mixed_bfloat16", "ok"),
+      (8, "float32", "OOM"), (8, "mixed_bfloat16", "OOM")]
+  table = (out / "sweep.md").read_text()
+  assert "| 8 | OOM | OOM | - |" in table and "failed" not in table
+  diagnosis = json.loads((out / "diagnosis.json").read_text())
+  assert [c["status"] for c in diagnosis["cells"]] == ["ok", "ok", "OOM", "OOM"]
+
+
+@pytest.mark.slow
+def test_a_cell_past_its_timeout_is_recorded_and_the_sweep_goes_on(tmp_path):
+  cfg, opts = tiny_sweep(tmp_path, batch_sizes="4", cell_timeout=0.5)
+  sweep.run(cfg, opts)
+  [row] = cells.read_csv(sweep.sweep_dir(cfg, opts) / "sweep.csv")
+  assert row.status == "timeout" and row.error == "killed after 0.5 s"
+  assert "| 4 | timeout |" in (sweep.sweep_dir(cfg, opts) / "sweep.md").read_text()
+
+
+def test_force_reruns_finished_cells(tmp_path, monkeypatch):
+  cfg, opts = tiny_sweep(tmp_path, batch_sizes="4", run_name="s")
+  out = sweep.sweep_dir(cfg, opts)
+  out.mkdir(parents=True)
+  cell = sweep.cells(cfg, opts)[0]
+  cells.append_csv(out / "sweep.csv", dataclasses.replace(cell, status="OOM", error="x"))
+  ran = []
+  monkeypatch.setattr(sweep, "run_cell",
+                      lambda cfg, cell, out, timeout: ran.append(cell) or
+                      dataclasses.replace(cell, status="OOM", error="again"))
+  sweep.run(cfg, opts)
+  assert ran == []  # finished: skipped
+  sweep.run(cfg, dataclasses.replace(opts, force=True))
+  assert ran == [cell]
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_the_running_cell_and_prints_the_partial_table(tmp_path, children):
+  proc = children.start(
+      [sys.executable, "-m", "mpt.main", "--mode=sweep", "--batch_sizes=4,5",
+       *[f for f in TINY_FLAGS if not f.startswith("--batch_size=")],
+       "--epochs=1000", "--steps_per_epoch=2", "--run_name=s",
+       f"--data_dir={tmp_path}/data", f"--logdir={tmp_path}/logs"],
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+      # Started as `&` in a script starts it (and as CI runners may): SIGINT ignored.
+      preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+  events = tmp_path / "logs" / "s" / "cells" / "seed_convnet_16px_b4_float32_fit"
+  assert wait_for(lambda: events.exists() and "train/loss" in read_events(events), 180)
+  proc.send_signal(signal.SIGINT)  # As Ctrl-C in a terminal does (to the sweep).
+  try:
+    out, err = proc.communicate(timeout=240)
+  except subprocess.TimeoutExpired:  # Say where it hung, then fail.
+    os.killpg(proc.pid, signal.SIGKILL)
+    out, err = proc.communicate()
+    pytest.fail(f"the sweep did not stop after SIGINT:\n{out[-2000:]}\n{err[-3000:]}")
+  assert proc.returncode == 130, err[-2000:]
+  assert "sweep interrupted" in out and "| 4 | interrupted |" in out
+  summary = json.loads((events / "summary.json").read_text())
+  assert summary["status"] == "interrupted"  # The child was stopped, not killed.
+  assert not (tmp_path / "logs" / "s" / "cells" / "seed_convnet_16px_b5_float32_fit").exists()
+
+  # Resumed (short epochs this time, so that it ends): the interrupted cell runs again
+  # and the one never started runs; the CSV ends with both done.
+  result = sweep.run(*tiny_sweep(tmp_path, batch_sizes="4,5", run_name="s"))
+  assert result["status"] == "completed"
+  rows = cells.read_csv(tmp_path / "logs" / "s" / "sweep.csv")
+  assert [(r.batch_size, r.status) for r in rows] == [(4, "ok"), (5, "ok")]
+  assert json.loads((events / "summary.json").read_text())["status"] == "completed"
+
+
+@pytest.mark.parametrize("spec", ["oom", "oom:x", "melt:4", "kill:4,oops"])
+def test_a_malformed_fault_injection_stops_the_sweep_before_any_cell(tmp_path,
+                                                                     monkeypatch, spec):
+  monkeypatch.setenv("MPT_INJECT_FAULT", spec)
+  with pytest.raises(UserError, match="is not KIND:N\\[/POLICY\\] with KIND oom, kill or fail"):
+    sweep.run(*tiny_sweep(tmp_path, batch_sizes="4"))
+  assert not (tmp_path / "logs").exists()
+
+
+@pytest.mark.parametrize("overrides,words", [
+    (dict(batch_sizes="4,4"), "--batch_sizes='4,4' lists a value twice"),
+    (dict(batch_sizes="4,x"), "--batch_sizes='4,x' must list whole numbers"),
+    (dict(batch_sizes="4,,8"), "has an empty item"),
+    (dict(batch_sizes="4,64"), "64 is larger than the training set (20 images)"),
+    (dict(batch_sizes="0"), "--batch_sizes: --batch_size must be >= 1"),
+    (dict(policies="float32,fp8"), "--policies: unknown --policy='fp8'"),
+    (dict(loops="fit,keras"), "--loops: unknown --loop='keras'"),
+    (dict(jit_compiles="false,maybe"), "--jit_compiles='false,maybe' must list true/false"),
+])
+def test_bad_lists_fail_before_any_cell(tmp_path, overrides, words):
+  with pytest.raises(UserError) as e:
+    sweep.run(*tiny_sweep(tmp_path, **overrides))
+  assert words in str(e.value)
+  assert not (tmp_path / "logs").exists()
+
+
+KNOWN_CSV = """model,image_size,batch_size,policy,loop,jit_compile,status,ms_per_step,images_per_sec,error
+seed_convnet,64,32,float32,fit,False,ok,200.0,160.0,
+seed_convnet,64,32,mixed_bfloat16,fit,False,ok,2500.0,12.8,
+seed_convnet,64,32,float32,custom,False,ok,190.0,168.4,
+seed_convnet,64,32,mixed_bfloat16,custom,False,ok,2400.0,13.3,
+seed_convnet,64,64,float32,fit,False,ok,380.0,168.4,
+seed_convnet,64,64,mixed_bfloat16,fit,False,OOM,,,OOM when allocating
+seed_convnet,64,64,float32,custom,False,timeout,,,killed after 300 s
+seed_convnet,64,64,mixed_bfloat16,custom,False,ok,4600.0,13.9,
+"""
+
+GOLDEN = """## seed_convnet, 64 px: ms/step
+
+| batch | float32 fit | mixed_bfloat16 fit | float32 custom | mixed_bfloat16 custom | mixed_bfloat16 fit vs float32 | mixed_bfloat16 custom vs float32 |
+|---|---|---|---|---|---|---|
+| 32 | 200.0 | 2500.0 | 190.0 | 2400.0 | 0.08x | 0.08x |
+| 64 | 380.0 | OOM | timeout | 4600.0 | - | - |
+"""
+
+
+def test_markdown_table_for_a_known_csv_matches_golden(tmp_path):
+  (tmp_path / "sweep.csv").write_text(KNOWN_CSV)
+  rows = cells.read_csv(tmp_path / "sweep.csv")
+  assert sweep_report.markdown(rows) == GOLDEN
+
+
+def test_without_matplotlib_the_plot_is_skipped_and_says_so(tmp_path, monkeypatch):
+  monkeypatch.setitem(sys.modules, "matplotlib", None)
+  rows = [Cell.from_row(r) for r in csv.DictReader(io.StringIO(KNOWN_CSV))]
+  message = sweep_report.plot(rows, tmp_path / "sweep.png")
+  assert message.startswith("plot skipped: matplotlib is not installed")
+  assert not (tmp_path / "sweep.png").exists()
+
+
+@pytest.mark.parametrize("cfg,opts,name", [
+    (config.Config(synthetic_train=40),
+     SweepOptions(batch_sizes="4,8", policies="float32,mixed_bfloat16"), "sweep-fbbd7cd5"),
+    (config.Config(), SweepOptions(), "sweep-41eac7a2"),
+])
+def test_the_sweep_folder_keeps_its_name_for_the_same_command(cfg, opts, name):
+  # Names the sweep gave these commands when all modes shared one flag set: a sweep
+  # folder on disk must still be found (and resumed) by the command that made it.
+  assert sweep.sweep_dir(cfg, opts).name == name
+  # Where and how the sweep runs is not part of its name.
+  moved = dataclasses.replace(cfg, logdir="elsewhere", verbose=0)
+  assert sweep.sweep_dir(moved, dataclasses.replace(
+      opts, force=True, cell_timeout=9.0)) == pathlib.Path("elsewhere") / name
+
+
+def test_the_cells_child_flags_are_the_run_with_the_cells_values(tmp_path):
+  cfg, opts = tiny_sweep(tmp_path, batch_sizes="4,8", jit_compiles="false,true")
+  cell = sweep.cells(cfg, opts)[-1]
+  assert (cell.batch_size, cell.jit_compile, cell.id) == (
+      8, True, "seed_convnet_16px_b8_float32_fit_xla")
+  flags = sweep._cell_flags(cfg, cell, tmp_path)
+  run = config.from_flagfile("\n".join(flags))
+  assert run == dataclasses.replace(cfg, batch_size=8, jit_compile=True, verbose=0,
+                                    run_name=cell.id, logdir=str(tmp_path / "cells"))
+  assert not [f for f in flags if f.startswith("--mode=")]  # The child trains.
+
+
+# What sweep.csv held before Cell owned it, byte for byte (csv's \r\n included).
+CSV_BYTES = (
+    b"model,image_size,batch_size,policy,loop,jit_compile,status,ms_per_step,"
+    b"images_per_sec,peak_rss_mb,cpu_percent,val_accuracy,device,error,run_dir,"
+    b"tf_version,cpu,cpu_isa\r\n"
+    b"seed_convnet,64,16,float32,fit,False,ok,150.86648099895683,106.0540412559277,"
+    b"913.89453125,154.0,0.104,CPU: AMD EPYC (2 logical cores),,/s/cells/a,2.21.0,"
+    b"AMD EPYC,sse4_2 avx avx2 fma f16c\r\n"
+    b"seed_convnet,64,32,mixed_bfloat16,fit,True,OOM,,,,,,,killed (SIGKILL),/s/cells/b,"
+    b"2.21.0,AMD EPYC,sse4_2 avx avx2 fma f16c\r\n")
+
+
+def test_sweep_csv_rows_are_written_and_read_back_as_cells(tmp_path):
+  env = dict(tf_version="2.21.0", cpu="AMD EPYC", cpu_isa="sse4_2 avx avx2 fma f16c")
+  ok = Cell("seed_convnet", 64, 16, "float32", "fit", False, "ok", 150.86648099895683,
+            106.0540412559277, 913.89453125, 154.0, 0.104,
+            "CPU: AMD EPYC (2 logical cores)", run_dir="/s/cells/a", **env)
+  oom = Cell("seed_convnet", 64, 32, "mixed_bfloat16", "fit", True, "OOM",
+             error="killed (SIGKILL)", run_dir="/s/cells/b", **env)
+  path = tmp_path / "sweep.csv"
+  cells.append_csv(path, ok)
+  cells.append_csv(path, oom)
+  assert path.read_bytes() == CSV_BYTES
+  assert cells.read_csv(path) == [ok, oom]
+  assert (ok.ms, oom.ms) == (150.86648099895683, None)  # An OOM has no figure.
+  assert oom.id == "seed_convnet_64px_b32_mixed_bfloat16_fit_xla"
+  assert oom.label == "seed_convnet 64px b32 mixed_bfloat16 fit xla"
+  # A cell run again: readers see its newest row, where the cell first appeared.
+  cells.append_csv(path, dataclasses.replace(ok, status="failed", error="boom"))
+  assert [(c.id, c.status) for c in cells.read_csv(path)] == [
+      (ok.id, "failed"), (oom.id, "OOM")]
+  assert cells.read_csv(tmp_path / "none.csv") == []
+
+
+@pytest.mark.parametrize("text,xla", [("True", True), ("true", True), ("1", True),
+                                      ("False", False), ("false", False), ("0", False),
+                                      ("", False)])
+def test_a_rows_xla_setting_is_parsed_in_one_place(text, xla):
+  cell = Cell.from_row(dict(model="m", image_size="64", batch_size="4", policy="float32",
+                            loop="fit", jit_compile=text, status="ok"))
+  assert cell.jit_compile is xla and cell.id.endswith("_xla") == xla
+  assert cell.ms_per_step is None and cell.ms is None  # Empty or missing: no figure.
+
+
+def test_a_finished_cells_figures_come_from_its_summary(tmp_path):
+  path = tmp_path / "summary.json"
+  summary_lib.RunSummary(status="completed", ms_per_step=12.5, images_per_sec=320.0,
+                         val_accuracy=0.5, device="CPU", util={
+                             "rss_mb": {"max": 900.0},
+                             "process_cpu_percent": {"mean": 150.0}}).write(path)
+  assert cells.figures_from_summary(path) == dict(
+      ms_per_step=12.5, images_per_sec=320.0, val_accuracy=0.5, device="CPU",
+      peak_rss_mb=900.0, cpu_percent=150.0)
+  path.write_text(json.dumps({"ms_per_step": 12.5, "images_per_sec": 320.0}))
+  assert cells.figures_from_summary(path) == dict(  # Version 1, no utilisation.
+      ms_per_step=12.5, images_per_sec=320.0, val_accuracy=None, device="",
+      peak_rss_mb=None, cpu_percent=None)

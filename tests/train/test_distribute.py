@@ -1,0 +1,168 @@
+"""tf.distribute: TF_CONFIG checks, mirrored on logical CPUs in process, and a real
+two-worker MultiWorkerMirroredStrategy cluster on 127.0.0.1 in child processes."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from mpt import config
+from mpt.train import distribute
+from mpt.train import run as train
+from mpt.errors import UserError
+
+from helpers import CPU_DEVICES, ROOT, read_scalars
+
+CLUSTER = {"worker": ["127.0.0.1:20001", "127.0.0.1:20002"]}
+
+
+def tf_config(cluster=CLUSTER, kind="worker", index=0) -> str:
+  return json.dumps({"cluster": cluster, "task": {"type": kind, "index": index}})
+
+
+def test_tf_config_parses_and_names_the_chief():
+  assert distribute.parse_tf_config(tf_config(index=1)) == (CLUSTER, "worker", 1)
+  assert distribute.is_chief(CLUSTER, "worker", 0)
+  assert not distribute.is_chief(CLUSTER, "worker", 1)
+  with_chief = {"chief": ["h:1"], **CLUSTER}
+  assert distribute.is_chief(with_chief, "chief", 0)
+  assert not distribute.is_chief(with_chief, "worker", 0)
+
+
+@pytest.mark.parametrize("text,words", [
+    ("{not json", "TF_CONFIG is not JSON"),
+    ('{"task": {"type": "worker", "index": 0}}', 'no "cluster" object'),
+    (tf_config({"worker": ["127.0.0.1"]}), "bad address '127.0.0.1'; expected host:port"),
+    (tf_config({"worker": ["h:99999"]}), "bad address 'h:99999'"),
+    (tf_config({"worker": []}), "must be a non-empty list"),
+    (tf_config({"trainer": ["h:1"]}), "unknown job 'trainer'"),
+    (tf_config({"worker": ["h:1"], "ps": ["h:2"]}), "ps/evaluator"),
+    (json.dumps({"cluster": CLUSTER}), 'no "task"'),
+    (tf_config(index=2), "task index 2 is out of range: job 'worker' has 2"),
+    (tf_config(kind="chief"), "task type 'chief' is not a job of the cluster"),
+])
+def test_malformed_tf_config_says_what_is_wrong(text, words):
+  with pytest.raises(UserError, match="TF_CONFIG") as e:
+    distribute.parse_tf_config(text)
+  assert words in str(e.value)
+
+
+@pytest.mark.parametrize("overrides,env,words", [
+    (dict(strategy="ring"), None, "unknown --strategy='ring'; valid: default, mirrored"),
+    (dict(strategy="multi_worker"), None, "TF_CONFIG environment variable, which is "
+     "not set"),
+    (dict(strategy="multi_worker"), "[1, 2]", 'no "cluster" object'),
+    (dict(strategy="multi_worker", cpu_devices=2), tf_config(), "--cpu_devices "
+     "applies to --strategy=mirrored"),
+    (dict(strategy="mirrored", cpu_devices=CPU_DEVICES, batch_size=7), None,
+     "--batch_size=7 (the global batch) does not split evenly across 2 replicas; use "
+     "a multiple of 2, e.g. 6 or 8"),
+    (dict(strategy="mirrored", cpu_devices=3), None, "TensorFlow already started in "
+     "this process with 2 logical CPU device(s)"),
+])
+def test_bad_strategy_input_fails_before_training(tiny, monkeypatch, tmp_path,
+                                                  overrides, env, words):
+  monkeypatch.delenv("TF_CONFIG", raising=False)
+  if env is not None:
+    monkeypatch.setenv("TF_CONFIG", env)
+  with pytest.raises(UserError) as e:
+    train.train_and_evaluate(tiny(**overrides))
+  assert words in str(e.value)
+  assert not (tmp_path / "logs").exists() or not any((tmp_path / "logs").iterdir())
+
+
+def test_malformed_tf_config_on_the_command_line_is_one_line_exit_2(tmp_path):
+  proc = subprocess.run(
+      [sys.executable, "-m", "mpt.main", "--strategy=multi_worker",
+       f"--logdir={tmp_path}/logs"], cwd=ROOT, capture_output=True, text=True,
+      timeout=120, env={**os.environ, "TF_CONFIG": '{"cluster": {"worker": ["h"]}}'})
+  assert proc.returncode == 2, proc.stderr
+  assert "mpt: error: TF_CONFIG cluster job 'worker' has a bad address 'h'" in proc.stderr
+  assert "Traceback" not in proc.stderr and not (tmp_path / "logs").exists()
+
+
+def per_step_losses(run_dir) -> list[float]:
+  """With steps_per_epoch=1, each epoch's train/loss is one step's loss."""
+  return [v for _, v in read_scalars(run_dir)["train/loss"]]
+
+
+# Relative tolerance of the per-step losses over the first 5 steps, mirrored vs one
+# device. 16-bit sums over two half batches round differently from one sum over the
+# batch, and the differences grow step by step.
+TOLERANCE = {"float32": 1e-5, "mixed_bfloat16": 2e-2, "mixed_float16": 2e-2}
+
+
+@pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16", "mixed_float16"])
+@pytest.mark.parametrize("loop", ["fit", "custom"])
+def test_mirrored_on_two_logical_cpus_matches_one_device(tiny, loop, policy):
+  # float16: a fixed loss scale. A dynamic one may overflow (and skip a step) on one
+  # side only, after which the two runs legitimately differ.
+  common = dict(loop=loop, policy=policy, epochs=5, steps_per_epoch=1,
+                warmup_steps=1, log_every=1, learning_rate=1e-3,
+                loss_scale="256" if policy == "mixed_float16" else "dynamic")
+  one = train.train_and_evaluate(tiny(**common))
+  two = train.train_and_evaluate(tiny(strategy="mirrored", cpu_devices=CPU_DEVICES,
+                                      **common))
+  a, b = per_step_losses(one["run_dir"]), per_step_losses(two["run_dir"])
+  print(f"{loop} {policy} one device {a} mirrored {b} max rel diff "
+        f"{max(abs(x - y) / abs(x) for x, y in zip(a, b)):.2e}")
+  assert (one["replicas"], one["per_replica_batch"], one["strategy"]) == (1, 8, "default")
+  assert (two["replicas"], two["per_replica_batch"], two["strategy"]) == (2, 4, "mirrored")
+  assert two["devices"] == ["/device:CPU:0", "/device:CPU:1"]
+  assert b == pytest.approx(a, rel=TOLERANCE[policy])
+  # Instrumentation and dtype inspection under the strategy: global images/sec,
+  # the same tags as on one device, the policy's dtypes in the report.
+  assert two["images_per_sec"] == pytest.approx(8 / two["ms_per_step"] * 1e3)
+  assert set(read_scalars(two["run_dir"])) == set(read_scalars(one["run_dir"]))
+  report = json.loads(open(f"{two['run_dir']}/dtypes.json").read())
+  assert report["policy"] == policy and report["gradients_match_variables"]
+  if policy == "mixed_float16":
+    assert two["loss_scale"] == one["loss_scale"]
+
+
+def test_per_replica_batchnorm_statistics_differ_from_one_device(tiny):
+  """Why --sync_batchnorm is the default: per-replica statistics change the loss."""
+  common = dict(loop="custom", epochs=2, steps_per_epoch=1, instrument=False)
+  one = train.train_and_evaluate(tiny(**common))
+  local = train.train_and_evaluate(tiny(strategy="mirrored", cpu_devices=CPU_DEVICES,
+                                        sync_batchnorm=False, **common))
+  assert per_step_losses(local["run_dir"])[0] != pytest.approx(
+      per_step_losses(one["run_dir"])[0], rel=1e-3)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loop", ["fit", "custom"])
+def test_two_local_workers_train_and_only_the_chief_writes(tmp_path, loop, children):
+  flags = ["--image_size=16", "--batch_size=4", "--synthetic_train=20",
+           "--synthetic_val=10", "--synthetic_px=20", "--epochs=2",
+           "--steps_per_epoch=2", "--checkpoint_every=1", f"--loop={loop}",
+           f"--data_dir={tmp_path}/data", "--verbose=0"]
+  # The same run on one device, in process; it also generates the shared data.
+  one = train.train_and_evaluate(config.from_flagfile(
+      "\n".join(flags + [f"--logdir={tmp_path}/one"])))
+  tf_configs = distribute.local_cluster(2)
+  scratch = tmp_path / "tmp"
+  scratch.mkdir()
+  procs = []
+  for index in (1, 0):
+    env = {**os.environ, "TF_CONFIG": tf_configs[index], "TMPDIR": str(scratch)}
+    procs.append(children.start(
+        [sys.executable, "-m", "mpt.main", "--strategy=multi_worker",
+         f"--logdir={tmp_path}/logs", *flags],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+  outs = [p.communicate(timeout=240) for p in procs]
+  for p, (out, err) in zip(procs, outs):
+    assert p.returncode == 0, err[-3000:]
+  assert "worker:1 is not the chief" in outs[0][0]
+  runs = list((tmp_path / "logs").iterdir())
+  assert len(runs) == 1, runs  # One run folder, written by the chief alone.
+  summary = json.loads((runs[0] / "summary.json").read_text())
+  assert (summary["status"], summary["task"], summary["workers"],
+          summary["replicas"], summary["per_replica_batch"]) == (
+              "completed", "worker:0", 2, 2, 2)
+  assert summary["steps"] == 4 and (runs[0] / "checkpoints").is_dir()
+  assert list(scratch.iterdir()) == []  # worker 1's scratch folder is gone.
+  assert [v for _, v in read_scalars(runs[0])["train/loss"]] == pytest.approx(
+      [v for _, v in read_scalars(one["run_dir"])["train/loss"]], rel=1e-5)
