@@ -15,7 +15,7 @@ from typing import Any
 
 from mpt.errors import UserError
 
-POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
+POLICIES = ("float32", "mixed_float16", "mixed_bfloat16", "auto")
 LOOPS = ("fit", "custom")
 STRATEGIES = ("default", "mirrored", "multi_worker", "tpu")
 # Flags of the other modes (and --mode itself). A run's flags.txt written before the
@@ -39,7 +39,9 @@ class Config:
   """One training run. Field names are the command-line flag names."""
   # What runs.
   policy: str = flag("float32", "Keras dtype policy, set globally before the model "
-                       "is built.", choices=POLICIES)
+                       "is built; `auto` trains a few steps under each and then trains "
+                       "with the one measured fastest here (single runs only).",
+                       choices=POLICIES)
   loop: str = flag("fit", "Who drives the train step: Keras `fit`, or mpt's own "
                      "tf.function loop (`custom`).", choices=LOOPS)
   model: str = flag("seed_convnet", "Model variant from the registry in "

@@ -43,6 +43,10 @@ tf.config.set_logical_device_configuration(
     [tf.config.LogicalDeviceConfiguration() for _ in range(helpers.CPU_DEVICES)])
 
 DEFAULT_CPUINFO = "intel_spr_amx_recorded.txt"
+# The kernel table recorded on the same machine as a cpuinfo fixture; for the others
+# nothing is measured (MPT_KERNELS=none): the CPU flags decide, as they would there.
+KERNELS_OF = {"intel_spr_amx_recorded.txt": "intel_spr_amx_recorded.json",
+              "amd_epyc_zen4_dev_machine.txt": "amd_epyc_zen4_recorded.json"}
 
 
 def pytest_addoption(parser):
@@ -60,13 +64,17 @@ def pytest_configure(config):
       raise pytest.UsageError(f"--cpuinfo={choice}: no such file in {helpers.CPUINFO}; "
                               f"one of {', '.join(helpers.CPUINFO_FIXTURES)} or 'host'")
     os.environ["MPT_CPUINFO"] = str(path)
+    kernels = KERNELS_OF.get(choice)
+    os.environ["MPT_KERNELS"] = str(helpers.DATA / "kernels" / kernels) if kernels \
+        else "none"
   cache = tempfile.mkdtemp(prefix="mpt-test-cache-")
   os.environ["MPT_CACHE"] = cache
   config.add_cleanup(lambda: shutil.rmtree(cache, ignore_errors=True))
 
 
 def pytest_report_header(config):
-  return f"mpt: CPU facts from {os.environ.get('MPT_CPUINFO', '/proc/cpuinfo (host)')}"
+  return (f"mpt: CPU facts from {os.environ.get('MPT_CPUINFO', '/proc/cpuinfo (host)')}"
+          f"; kernel table from {os.environ.get('MPT_KERNELS', 'a probe of the host')}")
 
 
 def _host_has_gpu() -> bool:

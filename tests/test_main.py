@@ -21,7 +21,7 @@ def error_lines(stderr: str) -> list[str]:
 
 
 @pytest.mark.parametrize("args,words", [
-    (["--policy=mixed_int8"], "value should be one of <float32|mixed_float16|mixed_bfloat16>"),
+    (["--policy=mixed_int8"], "value should be one of <float32|mixed_float16|mixed_bfloat16|auto>"),
     (["--loop=keras"], "value should be one of <fit|custom>"),
     (["--strategy=ring"], "value should be one of <default|mirrored|multi_worker|tpu>"),
     (["--batch_size=0"], "--batch_size=0"),

@@ -1,19 +1,29 @@
 """The diagnosis' detectors: each reads one kind of measured evidence from a run folder
-and returns a `Finding` (or None), with its threshold, its numbers and a next step.
+and returns a `Finding` (or None), with its threshold, its numbers, a next step and
+the kinds of evidence it rests on (`BASES`).
 
-Pure functions over the evidence mpt/diagnose/evidence.py reads (summary.json,
-flags.txt, dtypes.json, the profiler's op statistics, a float32 run of the same
-configuration): no TensorFlow here, so the detectors are tested on recorded run
-folders and on their threshold edges (tests/test_diagnose.py).
-mpt/diagnose/diagnosis.py ranks them, mpt/diagnose/report.py reports them.
+Pure functions over the evidence mpt/diagnose/evidence.py reads (summary.json with its
+`kernels` verdict, flags.txt, dtypes.json, the profiler's op statistics, a float32 run
+of the same configuration): no TensorFlow here, so the detectors are tested on
+recorded run folders and on their threshold edges (tests/diagnose/test_diagnose.py).
+
+Measurement outranks the CPU flags: when the kernel probe measured the run's kernels
+(summary.json `kernels`, evidence "probe"), `slow_kernel` and `opportunity` say which
+op runs slow and which policy is measured fastest, and `hardware` (the flags' rule)
+stays silent. A 16-bit run measured >= HIGH_LOSS times float32's time is "high" and
+ranked first. mpt/diagnose/diagnosis.py ranks the findings, mpt/diagnose/report.py
+reports them.
 """
 
 import dataclasses
 from typing import Callable
 
 from mpt.diagnose import evidence as evidence_lib
-from mpt.machine import hardware as hardware_lib
+from mpt.diagnose import opstats
 from mpt.diagnose.evidence import Evidence
+from mpt.machine import fastpath
+from mpt.machine import hardware as hardware_lib
+from mpt.machine import kernels as kernels_lib
 
 # Thresholds, in one place: the report prints each next to its finding.
 INPUT_WAIT_SHARE = 0.10      # data-wait share of step time: input bound at or above
@@ -29,9 +39,26 @@ OTHERS_SHARE = 0.25          # share of the CPU other processes used: a shared m
 MIN_SCALE = 1.0              # a dynamic loss scale below this has collapsed
 ACHIEVED_VS_MICROBENCH = 0.10  # achieved FLOP rate / measured matmul rate
 SLOWER_THAN_FLOAT32 = 1.0    # 16-bit speed-up over float32 below this: no gain
+HIGH_LOSS = 3.0              # a 16-bit run measured this many times float32's time:
+                             # its finding is high and ranked first
+SLOW_KERNELS = fastpath.SLOW  # the probe's time over float32's for this model's ops
+                             # from which the policy's kernels are slow (2x)
+OPPORTUNITY = 1.3            # another policy's measured op time this many times
+                             # faster than the run's: worth switching
 
 SEVERITY = ("high", "medium", "low")
 SIXTEEN = hardware_lib.SIXTEEN
+# What a finding rests on (`Finding.based_on`), most direct first.
+BASES = ("sibling runs",        # a float32 run next to it / the sweep's other cells
+         "probe",               # the kernel probe's measured table (summary.json kernels)
+         "trace",               # the profiler trace's op statistics (op_stats.json)
+         "step timing",         # this run's step and data-wait times (summary.json)
+         "utilisation",         # the CPU/GPU utilisation sampler
+         "dtypes",              # dtypes.json: per-layer dtypes, dims and FLOPs
+         "loss scale",          # the loss scale and skipped steps
+         "microbenchmark",      # --mode=microbench's matmul rates
+         "flags",               # the CPU's feature flags (no measurement)
+         "compute capability")  # the GPU's compute capability and TF32 switch
 
 
 @dataclasses.dataclass
@@ -43,6 +70,31 @@ class Finding:
   threshold: str
   evidence: list[str]
   next_step: str
+  based_on: list[str] = dataclasses.field(default_factory=list)  # names from BASES
+  # The measured time over float32's this finding explains (a 16-bit run), or None;
+  # HIGH_LOSS or more ranks it first.
+  slowdown: float | None = None
+
+
+def _loss_severity(loss: float | None, unmeasured: str = "high") -> str:
+  """Severity follows the measured loss against float32."""
+  if loss is None:
+    return unmeasured
+  if loss >= HIGH_LOSS:
+    return "high"
+  return "medium" if loss > SLOWER_THAN_FLOAT32 else "low"
+
+
+def _x(v: float) -> str:
+  """A ratio as "231x", "22.3x", "0.1x"."""
+  return f"{v:.3g}x"
+
+
+def _ratios_line(k: dict) -> str:
+  """Each policy's measured time over float32's for this model's ops, fastest first."""
+  ratios = sorted((k.get("policy_ratios") or {}).items(), key=lambda i: i[1])
+  return (f"kernel probe ({k.get('source') or 'probe'}), this model's ops: "
+          + ", ".join(f"{p} {_x(r)}" for p, r in ratios) + " float32's time")
 
 
 def _baseline_line(ev: Evidence) -> str:
@@ -58,24 +110,34 @@ def _baseline_line(ev: Evidence) -> str:
 
 
 def hardware(ev: Evidence) -> Finding | None:
-  """No fast 16-bit path for the policy on this device."""
+  """No fast 16-bit path for the policy on this device, by the CPU flags or the GPU's
+  compute capability: only when the kernel probe did not measure it (then
+  `slow_kernel` and `opportunity` decide from the measurement)."""
   s, caps = ev.summary, evidence_lib.gpu_caps(ev.summary)
+  if evidence_lib.kernels(ev):
+    return None
   found = evidence_lib.no_fast_path(s)
   if not found:
     return None
   reason, better = found
   half = SIXTEEN[s['policy']]
   evidence = [reason, _baseline_line(ev)]
+  based_on = ["compute capability" if caps else "flags"]
+  if ev.baseline:
+    based_on.insert(0, "sibling runs")
   mb = s.get("microbench_gflops_by_dtype") or {}
   if not caps and mb.get(half) and mb.get("float32"):
     evidence.append(f"matmul microbenchmark on this machine: {half} {mb[half]:.1f} vs "
                     f"float32 {mb['float32']:.1f} GFLOP/s "
                     f"({mb[half] / mb['float32']:.2f}x)")
+    based_on.append("microbenchmark")
   top = (ev.op_stats or {}).get("top_ops") or []
   if top:
     evidence.append("most traced op time: " + ", ".join(
         f"{o['type']} {o['share']:.1%}" for o in top[:4]))
+    based_on.append("trace")
   x = evidence_lib.speedup(ev)
+  loss = 1 / x if x else None
   if better == "float32":
     step = "--policy=float32"
     if not caps and half == "float16":
@@ -88,10 +150,129 @@ def hardware(ev: Evidence) -> Finding | None:
                "bfloat16)")
   else:
     step = f"--policy={better}"
-  return Finding("hardware", "high", 1 - x if x and x < 1 else 0.5,
+  return Finding("hardware", _loss_severity(loss), 1 - x if x and x < 1 else 0.5,
                  f"{half} has no fast path on this {'GPU' if caps else 'CPU'}",
-                 "the device lacks the 16-bit instructions or Tensor Cores", evidence,
-                 step)
+                 "the device lacks the 16-bit instructions or Tensor Cores (no kernel "
+                 f"probe recorded); high when unmeasured or measured >= {HIGH_LOSS:g}x "
+                 "float32's time", evidence, step, based_on, loss)
+
+
+def slow_kernel(ev: Evidence) -> Finding | None:
+  """The kernel probe measured this 16-bit policy's ops >= SLOW_KERNELS times
+  float32's here (summary.json `kernels`): names the worst op, its kernel and its
+  share of the trace, and reruns the run under the policy measured fastest."""
+  s, k = ev.summary, evidence_lib.kernels(ev)
+  policy = s.get("policy")
+  if not k or policy not in SIXTEEN or not k.get("slow"):
+    return None
+  found = evidence_lib.slowdown(ev)
+  if not found:
+    return None
+  loss, measured_by = found
+  if loss <= SLOWER_THAN_FLOAT32:
+    return None  # The run itself was not slower than float32 next to it.
+  half, op = SIXTEEN[policy], k.get("op") or "?"
+  fastest = k.get("fastest") or "float32"
+  if fastest == policy:
+    fastest = "float32"
+  short = "oneDNN's reference kernel" if k.get("reference") else k.get("impl") or "?"
+  kernel = (k.get("impl") or "an unknown kernel") + (
+      " (oneDNN's reference kernel)" if k.get("reference") else "")
+  op_ratio = k.get("op_ratio")
+  line = f"{half} {op} runs {kernel}" + (
+      f", {_x(op_ratio)} float32's time" if op_ratio else "")
+  share = evidence_lib.traced_share(ev, op)
+  top = (ev.op_stats or {}).get("top_ops") or []
+  if share is not None:
+    line += f"; {share:.1%} of traced op time"
+  evidence = [line]
+  if top and opstats.canonical_type(top[0]["type"]) != opstats.canonical_type(
+      op.split("/")[0]):
+    evidence.append("most traced op time: " + ", ".join(
+        f"{o['type']} {o['share']:.1%}" for o in top[:4]))
+  if measured_by == "sibling runs":
+    evidence.append(_baseline_line(ev))
+  else:
+    evidence.append(f"{policy}: this model's ops measured {_x(loss)} float32's time in "
+                    f"the kernel probe; " + _baseline_line(ev))
+  ratios = k.get("policy_ratios") or {}
+  evidence.append(_ratios_line(k) + (
+      f"; {fastest} is {_x(ratios[policy] / ratios[fastest])} faster than {policy} "
+      f"for these ops" if ratios.get(policy) and ratios.get(fastest) else ""))
+  if k.get("contradicts"):
+    evidence.append(f"{k['contradicts']}: the diagnosis follows the measurement")
+  based_on = ["probe"] + (["trace"] if top else [])
+  if measured_by == "sibling runs":
+    based_on.insert(0, "sibling runs")
+  if k.get("contradicts"):
+    based_on.append("flags")
+  return Finding(
+      f"slow_kernel:{half}", _loss_severity(loss), 1 - 1 / loss,
+      f"{half} {op} runs a slow kernel here: {short}"
+      + (f", {_x(op_ratio)} float32's time" if op_ratio else ""),
+      f"the kernel probe measured this model's ops >= {SLOW_KERNELS:g}x float32's "
+      f"time; high from {HIGH_LOSS:g}x measured (the float32 run next to it, else the "
+      f"probe)", evidence, evidence_lib.rerun(ev, fastest), based_on, loss)
+
+
+# The op types the kernel probe measures, as a trace names them.
+_PROBED = {opstats.canonical_type(op.split("/")[0])
+           for family, ops in kernels_lib.FAMILIES.items() if family != "cast"
+           for op in ops}
+
+
+def opportunity(ev: Evidence) -> Finding | None:
+  """Another policy measured >= OPPORTUNITY times faster than this run's for this
+  model's ops on this machine (the kernel probe); float32 runs included."""
+  s, k = ev.summary, evidence_lib.kernels(ev)
+  policy = s.get("policy")
+  ratios = (k or {}).get("policy_ratios") or {}
+  if not ratios.get(policy) or slow_kernel(ev):  # Slow kernels: the same advice there.
+    return None
+  others = {p: r for p, r in ratios.items() if p != policy and r}
+  if not others:
+    return None
+  best = min(others, key=others.get)
+  gain = ratios[policy] / others[best]
+  if gain < OPPORTUNITY:
+    return None
+  choice = s.get("policy_choice") or {}
+  if choice.get("chosen") == policy:
+    return None  # --policy=auto timed the real model under each policy and chose this.
+  x = evidence_lib.speedup(ev)
+  if best == "float32" and x and x >= SLOWER_THAN_FLOAT32:
+    return None  # The float32 run next to it measured slower than this one.
+  evidence = [_ratios_line(k) + f": {best} takes {_x(1 / gain)} of {policy}'s time"]
+  top = (ev.op_stats or {}).get("top_ops") or []
+  based_on = ["probe"]
+  expected = gain
+  if top:
+    covered = sum(o["share"] for o in top if opstats.canonical_type(o["type"]) in _PROBED)
+    expected = 1 / ((1 - covered) + covered / gain)
+    evidence.append(f"the probed op types hold {covered:.1%} of this run's traced op time"
+                    f": expect about {_x(expected)} this run's speed under {best} (the "
+                    f"rest of the step does not speed up)")
+    based_on.append("trace")
+  else:
+    evidence.append(f"expect up to {_x(gain)} this run's speed under {best} if these ops "
+                    f"take the step's time (--profile_steps=A,B shows their share)")
+  loss = None
+  if policy in SIXTEEN:
+    found = evidence_lib.slowdown(ev)
+    if found and found[1] == "sibling runs":
+      loss = found[0]
+      evidence.append(_baseline_line(ev))
+      based_on.insert(0, "sibling runs")
+  # High when the run measured >= HIGH_LOSS slower; low when the trace shows the
+  # probed ops hold too little of the step for the gain to show.
+  severity = ("high" if loss and loss >= HIGH_LOSS else
+              "low" if expected < OPPORTUNITY else "medium")
+  return Finding(
+      f"opportunity:{best}", severity, 1 - 1 / expected,
+      f"{best} measured {_x(gain)} faster than {policy} for this model's ops here",
+      f"another policy's op time in the kernel probe >= {OPPORTUNITY:g}x faster than "
+      f"this run's (low when the traced share of those ops leaves less than "
+      f"{OPPORTUNITY:g}x)", evidence, evidence_lib.rerun(ev, best), based_on, loss)
 
 
 def tf32(ev: Evidence) -> Finding | None:
@@ -106,7 +287,8 @@ def tf32(ev: Evidence) -> Finding | None:
       [f"GPU compute capability {cc}, TF32 enabled: the float32 baseline already uses "
        f"Tensor Cores, so a 16-bit policy gains less over it than data-sheet FP32 "
        f"figures suggest"],
-      "--notf32 for a plain FP32 baseline (slower, full float32 mantissa)")
+      "--notf32 for a plain FP32 baseline (slower, full float32 mantissa)",
+      ["compute capability"])
 
 
 def input_bound(ev: Evidence) -> Finding | None:
@@ -119,8 +301,10 @@ def input_bound(ev: Evidence) -> Finding | None:
               + (f" (median {wait:.1f} ms of a {s['ms_per_step']:.1f} ms step)"
                  if wait is not None and s.get("ms_per_step") else "")]
   busy, what = evidence_lib.busy(s)
+  based_on = ["step timing"]
   if busy is not None:
     evidence.append(f"{what}: {busy:.0%}")
+    based_on.append("utilisation")
   work, cache = ev.flags.get("input_work", 0), ev.flags.get("cache", "memory")
   if work:
     step = f"drop --input_work={work} (the per-example blur passes it adds)"
@@ -132,7 +316,7 @@ def input_bound(ev: Evidence) -> Finding | None:
   return Finding("input_bound", "high" if share >= 2 * INPUT_WAIT_SHARE else "medium",
                  share, "input bound: steps wait for data",
                  f"data-wait share >= {INPUT_WAIT_SHARE:.0%} of step time",
-                 evidence, step)
+                 evidence, step, based_on)
 
 
 def low_utilisation(ev: Evidence) -> Finding | None:
@@ -163,7 +347,7 @@ def low_utilisation(ev: Evidence) -> Finding | None:
   return Finding("low_utilisation", "medium", 1 - busy, title,
                  f"utilisation < {UTILISATION:.0%} with data wait < "
                  f"{INPUT_WAIT_SHARE:.0%}; steps < {SMALL_STEP_MS:g} ms count as "
-                 f"overhead", evidence, step)
+                 f"overhead", evidence, step, ["utilisation", "step timing"])
 
 
 def shared_machine(ev: Evidence) -> Finding | None:
@@ -180,7 +364,7 @@ def shared_machine(ev: Evidence) -> Finding | None:
       [f"the whole machine was {s['util']['system_cpu_percent']['mean']:.0f}% busy, "
        f"this run {busy:.0%} of it ({what}): others took {others:.0%}"],
       "rerun when the machine is quiet before comparing ms/step; a sweep compares "
-      "cells run one after another, so check theirs too")
+      "cells run one after another, so check theirs too", ["utilisation"])
 
 
 def misaligned(ev: Evidence) -> Finding | None:
@@ -215,7 +399,8 @@ def misaligned(ev: Evidence) -> Finding | None:
   return Finding("misaligned", "medium", max(share, time_share),
                  "misaligned shapes for 16-bit units",
                  f"misaligned share of forward FLOPs or of traced op time >= "
-                 f"{MISALIGNED_SHARE:.0%}, or a batch not a multiple of 8", evidence, step)
+                 f"{MISALIGNED_SHARE:.0%}, or a batch not a multiple of 8", evidence,
+                 step, ["dtypes"] + (["trace"] if layer_time else []))
 
 
 def float32_work(ev: Evidence) -> Finding | None:
@@ -241,7 +426,8 @@ def float32_work(ev: Evidence) -> Finding | None:
   return Finding("float32_work", "medium", max(flop_share, time_share),
                  "32-bit work left under a 16-bit policy",
                  f"float32 FLOP share >= {FLOAT32_FLOP_SHARE:.0%} or traced float32 + "
-                 f"cast time >= {FLOAT32_TIME_SHARE:.0%}", evidence, step)
+                 f"cast time >= {FLOAT32_TIME_SHARE:.0%}", evidence, step,
+                 ["dtypes"] + (["trace"] if ops else []))
 
 
 def loss_scale(ev: Evidence) -> Finding | None:
@@ -268,20 +454,34 @@ def loss_scale(ev: Evidence) -> Finding | None:
                  excess / steps if steps else 1.0, "loss-scale trouble",
                  f"skipped steps beyond the first {SETTLING_SKIPS} >= "
                  f"{SKIPPED_SHARE:.0%} of steps, scale < {MIN_SCALE:g}, or a NaN/Inf "
-                 f"loss", evidence, step)
+                 f"loss", evidence, step, ["loss scale"])
 
 
 def slower_than_float32(ev: Evidence) -> Finding | None:
-  """A 16-bit run measured slower than float32 although the device has a fast path."""
+  """A 16-bit run measured slower than the float32 run next to it, which neither the
+  CPU flags / compute capability (`hardware`) nor the kernel probe (`slow_kernel`,
+  `opportunity`) explain."""
   s = ev.summary
   x = evidence_lib.speedup(ev)
   if s.get("policy") not in SIXTEEN or x is None or x >= SLOWER_THAN_FLOAT32:
     return None
-  if hardware(ev):  # Explained there.
+  if hardware(ev) or slow_kernel(ev) or opportunity(ev):  # Explained there.
     return None
-  return Finding("no_speedup", "medium", 1 - x, "no speed-up over float32",
-                 f"speed-up over float32 < {SLOWER_THAN_FLOAT32:g}x",
-                 [_baseline_line(ev)], _where_time_goes(ev))
+  evidence, based_on = [_baseline_line(ev)], ["sibling runs"]
+  step = _where_time_goes(ev)
+  k = evidence_lib.kernels(ev)
+  if k:
+    evidence.append(f"the kernel probe measured this model's ops at {_x(k['ratio'])} "
+                    f"float32's time under {s['policy']}: the kernels do not explain the "
+                    f"loss, the rest of the step does (casts, per-op overhead, input)")
+    based_on.append("probe")
+    step = (f"{evidence_lib.rerun(ev, 'float32')} (measured faster next to it); to see "
+            f"where the time goes: " + _where_time_goes(ev, advice=False))
+  if (ev.op_stats or {}).get("top_ops"):
+    based_on.append("trace")
+  return Finding("no_speedup", _loss_severity(1 / x), 1 - x, "no speed-up over float32",
+                 f"speed-up over float32 < {SLOWER_THAN_FLOAT32:g}x; high from "
+                 f"{HIGH_LOSS:g}x float32's time", evidence, step, based_on, 1 / x)
 
 
 def achieved_rate(ev: Evidence) -> Finding | None:
@@ -294,22 +494,31 @@ def achieved_rate(ev: Evidence) -> Finding | None:
       f"achieved FLOP rate < {ACHIEVED_VS_MICROBENCH:.0%} of the microbenchmark's",
       [f"{s['achieved_gflops']:.1f} GFLOP/s achieved vs {s['microbench_gflops']:.1f} "
        f"GFLOP/s measured for {s.get('compute_dtype')} matmuls ({ratio:.0%})"],
-      _where_time_goes(ev))
+      _where_time_goes(ev),
+      ["microbenchmark"] + (["trace"] if (ev.op_stats or {}).get("top_ops") else []))
 
 
-def _where_time_goes(ev: Evidence) -> str:
-  """The next step when time is lost somewhere: the trace's top ops, or a trace."""
+def _where_time_goes(ev: Evidence, advice: bool = True) -> str:
+  """The next step when time is lost somewhere: the trace's top ops, or a trace; with
+  the kernel probe's measured fastest policy in place of general advice."""
   top = (ev.op_stats or {}).get("top_ops") or []
+  k = evidence_lib.kernels(ev)
+  fastest = (k or {}).get("fastest")
   if top:
-    return ("the trace puts the time in " + ", ".join(
-        f"{o['type']} ({o['share']:.0%})" for o in top[:2]) + ": speed those up or "
-        "move them to a dtype/device with a fast kernel")
+    where = "the trace puts the time in " + ", ".join(
+        f"{o['type']} ({o['share']:.0%})" for o in top[:2])
+    if k and advice and fastest and fastest != ev.summary.get("policy"):
+      return (f"{where}; the policy measured fastest for these ops here: "
+              f"{evidence_lib.rerun(ev, fastest)}")
+    return where + (": speed those up or move them to a dtype/device with a fast "
+                    "kernel" if advice and not k else "")
   return ("--profile_steps=A,B, then --mode=diagnose lists the op types that take "
           "the time")
 
 
 DETECTORS: dict[str, Callable[[Evidence], Finding | None]] = {
-    "hardware": hardware, "loss_scale": loss_scale, "input_bound": input_bound,
+    "slow_kernel": slow_kernel, "hardware": hardware, "opportunity": opportunity,
+    "loss_scale": loss_scale, "input_bound": input_bound,
     "low_utilisation": low_utilisation, "shared_machine": shared_machine,
     "misaligned": misaligned, "float32_work": float32_work,
     "no_speedup": slower_than_float32,
@@ -319,4 +528,6 @@ NEEDS = {"misaligned": "dtypes.json", "float32_work": "dtypes.json"}
 
 
 def rank(findings: list[Finding]) -> list[Finding]:
-  return sorted(findings, key=lambda f: (SEVERITY.index(f.severity), -f.impact))
+  """By severity; a measured loss of HIGH_LOSS or more first; then by impact."""
+  return sorted(findings, key=lambda f: (SEVERITY.index(f.severity),
+                                         (f.slowdown or 0) < HIGH_LOSS, -f.impact))

@@ -2,11 +2,12 @@
 
 After every training run and every sweep (mpt/main.py passes `after_run` to both),
 and on demand (`python -m mpt.main --mode=diagnose --run=logs/<run>`), mpt reads the
-run folder (mpt/diagnose/evidence.py: summary.json, flags.txt, dtypes.json, the
-profiler trace's op statistics, and a float32 run of the same configuration found
-next to it), runs the detectors of mpt/diagnose/detectors.py, and prints the run's
-measured figures and a ranked list of findings, each with its threshold, its evidence
-and a next step. It writes `diagnosis.json` and `diagnosis.md` into the folder
+run folder (mpt/diagnose/evidence.py: summary.json with its measured kernel verdict,
+flags.txt, dtypes.json, the profiler trace's op statistics, and a float32 run of the
+same configuration found next to it), runs the detectors of mpt/diagnose/detectors.py,
+and prints the run's measured figures and a ranked list of findings, each with its
+threshold, its evidence, a next step and what it is based on (probe, trace, sibling
+runs, flags, ...). It writes `diagnosis.json` and `diagnosis.md` into the folder
 (mpt/diagnose/report.py). A sweep folder is diagnosed across its cells
 (mpt/diagnose/sweep.py).
 """
@@ -50,6 +51,7 @@ def _figures(ev: evidence.Evidence) -> dict[str, Any]:
       "achieved_gflops": s.get("achieved_gflops"),
       "microbench_gflops": s.get("microbench_gflops"),
       "skipped_steps": s.get("skipped_steps"), "loss_scale": s.get("loss_scale"),
+      "kernels": s.get("kernels"), "policy_choice": s.get("policy_choice"),
   }
 
 

@@ -8,11 +8,18 @@ skips), and looks next to the run for a completed float32 run with the same mode
 options, image size, batch, dataset, strategy, XLA setting, device and input work
 (the same loop preferred, then the newest). Plain data: TensorFlow is
 imported only through the model registry, for the names of the variants.
+
+summary.json's `kernels` block is the run's measured verdict on its policy here
+(mpt/machine/fastpath.py: the kernel probe's table, or the CPU flags when nothing was
+measured); `kernels(ev)` returns it when it rests on the probe, and `slowdown(ev)` is
+the run's loss against float32: measured by the float32 run next to it, else the
+probe's ratio for this model's ops.
 """
 
 import dataclasses
 import json
 import pathlib
+import shlex
 from typing import Any
 
 from mpt import config
@@ -38,6 +45,7 @@ class Evidence:
   op_stats: dict[str, Any] | None = None
   baseline: dict[str, Any] | None = None  # float32 summary of the same configuration
   model_names: tuple[str, ...] = ()
+  run_dir: pathlib.Path | None = None  # The folder diagnosed (its flags.txt replays it).
 
 
 def _read_json(path: pathlib.Path) -> dict[str, Any]:
@@ -105,19 +113,69 @@ def load(run_dir: pathlib.Path, notes: list[str]) -> Evidence:
   if not summary.get("hardware"):
     notes.append("summary.json records no hardware facts (a run made before mpt "
                  "recorded them): the hardware checks were skipped")
+  found = summary.get("kernels")
+  if found is None:
+    notes.append("summary.json records no kernel verdict (a run made before mpt "
+                 "measured its kernels): the slow-kernel and faster-policy checks had "
+                 "nothing to read, the CPU flags decide")
+  else:
+    if found.get("note"):
+      notes.append(f"kernel table: {found['note']}")
+    if found.get("evidence") == "probe" and found.get("contradicts"):
+      notes.append(f"the kernel probe and the CPU flags disagree: "
+                   f"{found['contradicts']}; the diagnosis follows the probe")
   try:
     from mpt import models  # Registered variants, for the "aligned" suggestion.
     names = tuple(models.names())
   except ImportError:
     names = ()
   return Evidence(summary, flags, dtypes, op_stats, find_baseline(run_dir, summary),
-                  names)
+                  names, run_dir)
 
 
 def speedup(ev: Evidence) -> float | None:
   """float32 ms/step over this run's: > 1 means this run is faster."""
   ms, base = ev.summary.get("ms_per_step"), (ev.baseline or {}).get("ms_per_step")
   return base / ms if ms and base else None
+
+
+def kernels(ev: Evidence) -> dict[str, Any] | None:
+  """summary.json's `kernels` verdict when the kernel probe measured it (None when it
+  rests on the CPU flags only, or the run predates it)."""
+  found = ev.summary.get("kernels") or {}
+  if found.get("evidence") == "probe" and found.get("policy_ratios"):
+    return found
+  return None
+
+
+def slowdown(ev: Evidence) -> tuple[float, str] | None:
+  """(this 16-bit run's time over float32's, what measured it): "sibling runs" (the
+  float32 run next to it), else "probe" (the kernels' ratio for this model's ops)."""
+  x = speedup(ev)
+  if x:
+    return 1 / x, "sibling runs"
+  found = kernels(ev)
+  if (found and found.get("ratio")
+      and ev.summary.get("policy") in hardware.SIXTEEN):
+    return found["ratio"], "probe"
+  return None
+
+
+def rerun(ev: Evidence, policy: str) -> str:
+  """The command that trains this run again under `policy` (its flags.txt replayed)."""
+  folder = ev.run_dir or pathlib.Path(ev.summary.get("run_dir") or ".")
+  return (f"python -m mpt.main --flagfile={shlex.quote(str(folder / 'flags.txt'))} "
+          f"--policy={policy}")
+
+
+def traced_share(ev: Evidence, op: str) -> float | None:
+  """The share of traced op time in op type `op` (a kernel-table name such as
+  `Conv2DBackpropFilterWithBias` or `MatMul/grad_input` counts as the TensorFlow op
+  the trace groups it under); None without a trace or when it is not among the top."""
+  want = opstats.canonical_type(op.split("/")[0])
+  shares = [o["share"] for o in (ev.op_stats or {}).get("top_ops") or []
+            if opstats.canonical_type(o["type"]) == want]
+  return sum(shares) if shares else None
 
 
 def busy(s: dict[str, Any]) -> tuple[float | None, str]:

@@ -46,10 +46,35 @@ def format_figures(f: dict[str, Any]) -> list[str]:
     data += f"; {f['utilisation_of']} {f['utilisation']:.0%}"
   lines = [f"speed:     {speed}", f"precision: {precision}", f"shapes:    {shapes}",
            f"input:     {data}"]
+  k = f.get("kernels")
+  if k:
+    lines.append(f"kernels:   {_kernels(k)}")
+  choice = f.get("policy_choice")
+  if choice and choice.get("candidates"):
+    lines.append(f"auto:      --policy=auto chose {choice.get('chosen')}; speed vs "
+                 f"float32, timed on this model: " + ", ".join(
+                     f"{c['policy']} " + (f"{c['vs_float32']:.2f}x" if c.get("vs_float32")
+                                          else "dropped" if c.get("dropped") else "-")
+                     for c in choice["candidates"]))
   if f["loss_scale"] is not None:
     lines.append(f"scaling:   loss scale {f['loss_scale']:g}, {f['skipped_steps']} "
                  f"steps skipped")
   return lines
+
+
+def _kernels(k: dict[str, Any]) -> str:
+  """summary.json's `kernels` verdict in one line."""
+  if k.get("evidence") != "probe" or not k.get("policy_ratios"):
+    return ("not measured, by the CPU flags / GPU compute capability: "
+            + (k.get("text") or "no slow-path warning"))
+  ratios = sorted(k["policy_ratios"].items(), key=lambda i: i[1])
+  line = (f"measured ({k.get('source') or 'probe'}): this model's ops take "
+          + ", ".join(f"{p} {r:.3g}x" for p, r in ratios) + " float32's time")
+  if k.get("op"):
+    line += (f"; worst {k['op']}: {k.get('impl')}"
+             + (" (reference)" if k.get("reference") else "")
+             + (f", {k['op_ratio']:.3g}x" if k.get("op_ratio") else ""))
+  return line
 
 
 def format_findings(findings: list[dict[str, Any]], markdown: bool) -> list[str]:
@@ -60,6 +85,8 @@ def format_findings(findings: list[dict[str, Any]], markdown: bool) -> list[str]
     lines.append(f"## {title}" if markdown else title)
     lines += [f"   - {e}" for e in g["evidence"]]
     lines += [f"   threshold: {g['threshold']}", f"   next: {g['next_step']}"]
+    if g.get("based_on"):  # A diagnosis.json written before findings said so has none.
+      lines.append(f"   based on: {', '.join(g['based_on'])}")
   return lines
 
 

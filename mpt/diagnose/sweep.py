@@ -1,7 +1,9 @@
 """Diagnosis of a sweep folder: what only a grid of cells shows.
 
 - speed-up: each 16-bit policy's ms/step against float32's, cell by cell (same model,
-  image size, loop, XLA, batch), with the hardware reason when there is one;
+  image size, loop, XLA, batch), with the reason and the policy to use from the
+  cells' measured kernel verdict (summary.json `kernels`, the kernel probe) when they
+  recorded one, else from the CPU flags / compute capability;
 - memory: a 16-bit policy fits a batch size at which float32 ran out of memory;
 - overhead: step time that barely grows with the batch size (per-step overhead);
 - and each cell's own top finding, from the diagnosis its run wrote.
@@ -46,23 +48,77 @@ def speedups(folder: pathlib.Path, cells: list[Cell]) -> list[detectors.Finding]
     if c.policy in detectors.SIXTEEN and b and c.ms:
       by_policy[c.policy].append((b / c.ms, c))
   findings = []
+  slower = {p for p, found in by_policy.items()
+            if max(x for x, _ in found) < detectors.SLOWER_THAN_FLOAT32}
   for policy, found in sorted(by_policy.items()):
     xs = [x for x, _ in found]
-    if max(xs) >= detectors.SLOWER_THAN_FLOAT32:
+    if policy not in slower:
       continue
+    loss = 1 / max(xs)  # Every cell of the policy lost at least this much.
     lines = [f"{policy} vs float32 in {len(found)} cell(s): {min(xs):.2f}x to "
                 f"{max(xs):.2f}x float32's speed"]
     lines += [f"batch {c.batch_size}, {c.loop}: {x:.2f}x" for x, c in found[:6]]
-    reason = evidence.no_fast_path({"hardware": _hardware(folder, cells)}, policy)
+    based_on = ["sibling runs"]
+    k = _kernels(folder, [c for _, c in found], policy)
+    if k:
+      # The policy measured fastest, unless this sweep measured it slower too.
+      better = k.get("fastest") or "float32"
+      if better == policy or better in slower:
+        better = "float32"
+      reason = (_probe_reason(k, policy), better)
+      based_on.append("probe")
+      severity = "high" if loss >= detectors.HIGH_LOSS else "medium"
+    else:
+      hw = _hardware(folder, cells)
+      reason = evidence.no_fast_path({"hardware": hw}, policy)
+      if reason:
+        based_on.append("compute capability" if hw.get("gpus") else "flags")
+      severity = "high" if reason or loss >= detectors.HIGH_LOSS else "medium"
     if reason:
       lines.insert(0, reason[0])
     findings.append(detectors.Finding(
-        f"no_speedup:{policy}", "high" if reason else "medium", 1 - max(xs),
+        f"no_speedup:{policy}", severity, 1 - max(xs),
         f"{policy} is slower than float32 in every cell",
-        f"speed-up over float32 < {detectors.SLOWER_THAN_FLOAT32:g}x", lines,
+        f"speed-up over float32 < {detectors.SLOWER_THAN_FLOAT32:g}x in every cell; "
+        f"high from {detectors.HIGH_LOSS:g}x float32's time, or when the CPU flags / "
+        f"compute capability explain it", lines,
         f"--policy={reason[1]}" if reason else
-        "profile one cell (--profile_steps=A,B) and diagnose it"))
+        "profile one cell (--profile_steps=A,B) and diagnose it", based_on, loss))
   return findings
+
+
+def _kernels(folder: pathlib.Path, cells: list[Cell],
+             policy: str) -> dict[str, Any] | None:
+  """The measured kernel verdict on `policy` (summary.json `kernels`, evidence "probe")
+  of the first of its cells that recorded one."""
+  for c in cells:
+    path = (cell_dir(folder, c) or folder / "-") / "summary.json"
+    if c.policy == policy and path.is_file():
+      k = summary_lib.read(path).kernels or {}
+      if k.get("evidence") == "probe" and k.get("policy_ratios"):
+        return k
+  return None
+
+
+def _probe_reason(k: dict[str, Any], policy: str) -> str:
+  """Why the kernel probe says `policy` is slow here (or that its kernels are not)."""
+  ratio = k.get("ratio") or k["policy_ratios"].get(policy)
+  source = k.get("source") or "probe"
+  if k.get("slow"):
+    kernel = (k.get("impl") or "?") + (" (oneDNN's reference kernel)"
+                                       if k.get("reference") else "")
+    why = (f"the kernel probe ({source}) measured this model's ops under {policy} at "
+           f"{ratio:.3g}x float32's time; worst: {k.get('op')} runs {kernel}"
+           + (f", {k['op_ratio']:.3g}x float32's time" if k.get("op_ratio") else ""))
+  else:
+    why = (f"the kernel probe ({source}) measured this model's ops under {policy} at "
+           f"{ratio:.3g}x float32's time: its kernels alone do not explain the loss")
+  fastest = k.get("fastest")
+  if fastest and fastest != policy and k.get("fastest_ratio"):
+    why += f"; measured fastest: {fastest} ({k['fastest_ratio']:.3g}x float32's time)"
+  if k.get("contradicts"):
+    why += f" ({k['contradicts']})"
+  return why
 
 
 def _hardware(folder: pathlib.Path, cells: list[Cell]) -> dict[str, Any]:

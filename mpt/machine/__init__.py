@@ -1,6 +1,9 @@
-"""Ground floor: what the machine is.
+"""Ground floor: what the machine is, and what it measured.
 
 isa.py (the CPU: model, flags, peak estimate; $MPT_CPUINFO stands in for
-/proc/cpuinfo), hardware.py (GPUs, the fast 16-bit path rule, data-sheet peaks),
-rates.py (the measured-rate cache: written by the microbenchmark, read by runs).
+/proc/cpuinfo), hardware.py (GPUs, the flag-based fast-path rule, data-sheet peaks),
+rates.py (the measured matmul-rate cache), onednn.py (ONEDNN_VERBOSE lines),
+kernels.py (the kernel table per op and dtype: probe and cache; $MPT_KERNELS stands in),
+fastpath.py (the measured verdict on a policy, flags as the fallback), ceilings.py
+(practical ceilings vs theoretical estimates), gpu_kernels.py (xprof kernel stats).
 """

@@ -1,5 +1,6 @@
 """The microbenchmark's outputs: the printed report (with a second interpreter's column
-and the ratio under `--compare_python`) and TensorBoard scalars and text. (The
+and the ratio under `--compare_python`, and each peak estimate's verdict against the
+best rate measured: mpt/machine/ceilings.py) and TensorBoard scalars and text. (The
 per-machine cache that training runs read their measured GFLOP/s from is
 mpt/machine/rates.py.)
 """
@@ -11,6 +12,8 @@ import subprocess
 from typing import Any
 
 from mpt.errors import UserError
+from mpt.machine import kernels
+from mpt.machine import ceilings
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -37,6 +40,29 @@ def _key(row) -> tuple:
   return (row["op"], row["lib"], row["dtype"], str(row["size"]))
 
 
+def _peak_lines(r: dict[str, Any]) -> list[str]:
+  """Each dtype's estimate with its verdict in words, and the measured ceilings.
+
+  Results recorded before ceilings existed get them computed here. With a GPU the
+  verdict is on the GPU's data sheet (TensorFlow's ops ran there), not the CPU peak.
+  """
+  found = r.get("ceilings") or ceilings.ceilings(r)
+  lines = []
+  for d in list(r["peak"]) + [d for d in found if d not in r["peak"]]:
+    p, c = r["peak"].get(d), found.get(d)
+    if p:
+      judged = c and c["device"] == "cpu"
+      lines.append(f"  {d}: {_fmt(p['gflops'])} GFLOP/s = {p['assumptions']}" +
+                   (f" -- {c['verdict']}: {c['why']}" if judged else ""))
+    if c and c["device"] == "gpu":
+      lines.append(f"  {d} on the GPU: {_fmt(c['estimate_gflops'])} GFLOP/s = "
+                   f"{c['estimate_source']} -- {c['verdict']}: {c['why']}")
+    if c and c["by_op"]:
+      lines.append("    practical ceiling (best TensorFlow rate measured): " + ", ".join(
+          f"{op} {b['gflops']:.1f}" for op, b in c["by_op"].items()) + " GFLOP/s")
+  return lines
+
+
 def format_report(r: dict[str, Any], other: dict[str, Any] | None = None,
                   markdown: bool = False) -> str:
   """The whole report as text (or Markdown for TensorBoard)."""
@@ -57,9 +83,14 @@ def format_report(r: dict[str, Any], other: dict[str, Any] | None = None,
             f"{' '.join(t['not_compiled_for']) or 'none reported'}"]
   for op, prims in t["onednn_dispatch"].items():
     lines.append(f"  oneDNN for {op}: {'; '.join(prims) or 'not oneDNN (Eigen kernel)'}")
-  lines.append(bar + "Peak (theoretical):")
-  for d, p in r["peak"].items():
-    lines.append(f"  {d}: {_fmt(p['gflops'])} GFLOP/s = {p['assumptions']}")
+  if r.get("kernels"):
+    k = r["kernels"]
+    lines.append(bar + f"Kernels per op (what TF dispatches; ms at a small shape, x float32; "
+                 f"REF = oneDNN's reference kernel; {k.get('seconds') or '?'} s"
+                 + (f"; {k['note']}" if k.get("note") else "") + "):")
+    lines += kernels.format_table(k)
+  lines.append(bar + "Peak (theoretical), judged by the best rate measured:")
+  lines += _peak_lines(r)
   ex = r["fma_example"]
   lines.append(bar + "FMA vs multiply-then-add, against exact arithmetic:")
   for f in r["fma"]:

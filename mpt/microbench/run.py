@@ -7,9 +7,11 @@
 Sections, each its own module: the ISA and peak FLOP rate (mpt/machine/isa.py); TF's build, the
 instructions it was not compiled for and oneDNN's dispatched ISA (tfbuild.py); FMA
 and 16-bit accumulation accuracy against exact arithmetic (fma.py); elementwise SIMD
-width and matmul/conv2d GFLOP/s (throughput.py). The report (report.py) is printed,
-written as `microbench.json` and TensorBoard scalars/text in a run folder, and cached
-per machine (mpt/machine/rates.py) so that training runs can compare their FLOP rate with the measured one.
+width and matmul/conv2d GFLOP/s (throughput.py); the best measured rates beside the
+peak estimates, with a verdict on each estimate (`ceilings`: mpt/machine/ceilings.py).
+The report (report.py) is printed, written as `microbench.json` and TensorBoard
+scalars/text in a run folder, and cached per machine (mpt/machine/rates.py) so that
+training runs can compare their FLOP rate with the measured one.
 """
 
 import sys
@@ -18,6 +20,8 @@ from typing import Any
 
 from mpt import config
 from mpt.errors import UserError
+from mpt.machine import ceilings
+from mpt.machine import kernels
 from mpt.machine import rates
 from mpt.microbench import options as options_lib
 from mpt.microbench import report
@@ -83,8 +87,17 @@ def measure(sizes: list[int], dtypes: list[str], quick: bool,
       "throughput": (throughput.matmul(p["sizes"], dtypes, min_time=p["min_time"]) +
                      throughput.conv2d(dtypes, min_time=p["min_time"])),
   }
+  # Best measured rates beside the estimates, and whether each estimate holds.
+  out["ceilings"] = ceilings.ceilings(out)
+  # The kernels TF dispatches per op and dtype, forward and backward (its own child,
+  # with ONEDNN_VERBOSE on); training runs read it from the cache for their warning.
+  out["kernels"] = kernels.probe(repeats=1 if quick else 3, python=python)
   for row in out["throughput"]:
-    peak = out["peak"].get(row["dtype"], {}).get("gflops")
+    # TensorFlow's ops ran where the ceilings' estimate applies (the GPU when there is
+    # one); numpy's always on the CPU.
+    peak = (out["ceilings"].get(row["dtype"], {}).get("estimate_gflops")
+            if row["lib"] == "tensorflow" else
+            out["peak"].get(row["dtype"], {}).get("gflops"))
     row["peak_share"] = row["gflops"] / peak if row.get("gflops") and peak else None
   out["seconds"] = time.perf_counter() - start
   return out
@@ -118,6 +131,7 @@ def run(cfg: config.Config, opts: options_lib.MicrobenchOptions) -> dict[str, An
   rundir.write_json(run_dir / "microbench.json", summary)
   report.write_events(run_dir, results, other)
   cached = rates.save_cache(results)
+  kernels.save(results["kernels"])  # This interpreter's TF, this machine's kernels.
   print(f"mpt: wrote {run_dir / 'microbench.json'} (cached as {cached}); "
         f"{results['seconds']:.0f} s", flush=True)
   return summary

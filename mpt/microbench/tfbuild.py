@@ -1,5 +1,7 @@
 """What TensorFlow actually uses: its build, the instructions it says it was not
-compiled for, and the ISA oneDNN dispatches for float32 and bfloat16 matmul and conv.
+compiled for, and the kernels oneDNN dispatches for float32, bfloat16 and float16
+matmul and conv (the full per-op table, backward ops included, is
+mpt/machine/kernels.py).
 
 Run in a child process (`python -c PROBE`), because the facts come from what TF and
 oneDNN print at start-up and per primitive: `ONEDNN_VERBOSE=1` makes oneDNN print its
@@ -13,11 +15,12 @@ import re
 import subprocess
 
 from mpt.errors import UserError
+from mpt.machine import onednn
 
 PROBE = r"""
 import json, sys
 import tensorflow as tf
-for dtype in ("float32", "bfloat16"):
+for dtype in ("float32", "bfloat16", "float16"):
   a = tf.cast(tf.ones((128, 128)), dtype)
   print(f"MPT-OP matmul {dtype}", flush=True)
   tf.linalg.matmul(a, a).numpy()
@@ -48,28 +51,26 @@ def parse(stdout: str, stderr: str) -> dict:
   """The facts in a PROBE child's output."""
   not_used = re.search(r"To enable the following instructions: (.*?), in other "
                        r"operations", stderr)
-  isa = re.search(r"onednn_verbose,(?:v1,)?info,cpu,isa:(.*)", stdout)
+  isa = onednn.isa(stdout)
   onednn_on = "oneDNN custom operations are on" in stderr or bool(isa)
   ops, current = {}, None
   for line in stdout.splitlines():
     if line.startswith("MPT-OP "):
       current = line.split(" ", 1)[1].replace(" ", "_")
       ops[current] = []
-    elif current and ",primitive,exec," in line:
-      parts = line.split(",")
-      at = parts.index("exec") + 2  # after "exec,cpu"
-      kind, impl, mds = parts[at], parts[at + 1], parts[at + 3]
-      src = re.search(r"src_(\w+?):", mds)
-      entry = f"{kind}{':' + impl if impl else ''} on {src.group(1) if src else '?'}"
-      if entry not in ops[current]:
-        ops[current].append(entry)
+    elif current and line.startswith("onednn_verbose"):
+      primitive = onednn.parse_line(line)
+      if primitive and primitive.kind not in onednn.LAYOUT_ONLY:
+        entry = primitive.label if primitive.kind != "unknown" else "unknown"
+        if entry not in ops[current]:
+          ops[current].append(entry)
   info = next((json.loads(l[len("MPT-INFO "):]) for l in stdout.splitlines()
                if l.startswith("MPT-INFO ")), {})
   return {
       **info,
       "not_compiled_for": not_used.group(1).split() if not_used else [],
       "onednn": onednn_on,
-      "onednn_isa": isa.group(1).strip() if isa else None,
+      "onednn_isa": isa,
       # Per op and dtype, the oneDNN primitives that ran (implementation, source
       # dtype); empty: oneDNN did not run it (Eigen did).
       "onednn_dispatch": ops,

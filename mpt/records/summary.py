@@ -72,6 +72,12 @@ class RunSummary:
   loss_scale: float | None = None
   skipped_steps: int = 0
   slow_path_warning: str | None = None
+  # The measured verdict on the policy here (mpt/machine/fastpath.py): evidence
+  # (probe or flags), ratio to float32, the worst op and its kernel, the policy
+  # measured fastest, the table's source. None: written before mpt measured it.
+  kernels: dict[str, Any] | None = None
+  # --policy=auto: each candidate's timed steps, the choice, what choosing cost.
+  policy_choice: dict[str, Any] | None = None
   flops_share_16bit: float | None = None
   # FLOP rates: the run's, the machine's peak, the microbenchmark's measured rate.
   flops_per_step: int | None = None

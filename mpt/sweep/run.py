@@ -175,6 +175,9 @@ def run(cfg: config.Config, opts: SweepOptions,
   """
   config.validate(cfg)
   config.validate(opts)
+  if cfg.policy == "auto" or "auto" in [p.strip() for p in opts.policies.split(",")]:
+    raise UserError("--policy=auto is for single runs; a sweep measures every policy "
+                    "anyway: --policies=float32,mixed_bfloat16,mixed_float16")
   injection.injected_faults()  # A malformed MPT_INJECT_FAULT would fail every cell.
   todo = cells(cfg, opts)
   out = sweep_dir(cfg, opts)

@@ -8,10 +8,11 @@ same optimizer). float16 has too few exponent bits for small gradients; bfloat16
 float32's range and needs no loss scaling.
 """
 
-from absl import logging
 import keras
 
+from mpt.machine import fastpath
 from mpt.machine import hardware
+from mpt.machine import kernels
 
 
 def set_policy(name: str) -> keras.DTypePolicy:
@@ -37,14 +38,37 @@ def slow_path_warning(policy: str, flags: set[str],
   return f"{policy}: {found[0]}; use --policy={found[1]}" if found else None
 
 
-def warn_if_slow(policy: str) -> str | None:
-  """Logs (once per run) the slow-path warning for this machine; returns it."""
-  message = slow_path_warning(policy, hardware.cpu_flags(),
-                              hardware.gpu_compute_capabilities())
-  if message:
-    logging.warning("%s", message)
-    print(f"WARNING: {message}", flush=True)
-  return message
+def layer_classes(model: keras.Model) -> list[str]:
+  """The class names of a model's layers, nested models' layers included."""
+  names, todo = [], list(model.layers)
+  while todo:
+    layer = todo.pop()
+    names.append(type(layer).__name__)
+    todo += list(getattr(layer, "layers", []) or [])
+  return names
+
+
+def check_speed(policy: str, layer_classes) -> dict:
+  """The measured verdict on `policy` for a model with these layers, on this machine
+  (mpt/machine/fastpath.py); prints ONE warning when it is slow, before step 1.
+
+  The kernel table comes from $MPT_KERNELS, the cache, or a ~10 s probe; with none,
+  the CPU flags decide, as `slow_path_warning` says."""
+  table, note = kernels.table()
+  gpu_caps = hardware.gpu_compute_capabilities()
+  found = fastpath.verdict(policy, table, fastpath.families_of(layer_classes),
+                           hardware.cpu_flags(), gpu_caps,
+                           "" if gpu_caps else f"this CPU ({hardware.cpu_name()})")
+  found.update(source=(table or {}).get("source", "CPU flags"), note=note or
+               (table or {}).get("note"))
+  if note:
+    print(f"mpt: note: {note}", flush=True)
+  if found["text"]:
+    message = found["text"] + (f" ({found['contradicts']})" if found["contradicts"]
+                               else "")
+    found["text"] = message
+    print(f"WARNING: {message}", flush=True)  # Once: not also through absl's log.
+  return found
 
 
 def make_optimizer(policy: str, learning_rate: float,

@@ -36,6 +36,7 @@ from mpt.measure import dtypes as dtypes_lib
 from mpt.measure import profiler
 from mpt.measure import sampler as sampler_lib
 from mpt.records import rundir
+from mpt.train import autopolicy
 from mpt.train import callbacks as callbacks_lib
 from mpt.train import checkpoint
 from mpt.train import data as data_lib
@@ -75,17 +76,29 @@ def _prepare(cfg: config.Config):
   if cfg.deterministic:
     tf.config.experimental.enable_op_determinism()
   tf.config.experimental.enable_tensor_float_32_execution(cfg.tf32)
-  policy = precision.set_policy(cfg.policy)
-  print(precision.describe(policy), flush=True)
+  if cfg.policy == "auto" and dist.workers > 1:
+    raise UserError("--policy=auto times steps on one machine; with "
+                    "--strategy=multi_worker each worker could choose differently: "
+                    "give the policy")
   print(f"mpt: {dist.describe()}", flush=True)
-  slow_warning = precision.warn_if_slow(cfg.policy)
   data = data_lib.load(cfg)
   logging.info("data: %s, %d train / %d val images, %d classes, %d skipped files",
                data.source, data.n_train, data.n_val, len(data.class_names),
                len(data.skipped_files))
+  choice = None
+  if cfg.policy == "auto":
+    chosen, choice = autopolicy.choose(
+        cfg, data, dist.strategy,
+        lambda: build_model(cfg, len(data.class_names), dist.replicas))
+    print(f"mpt: --policy=auto: {chosen} was fastest here\n"
+          f"{autopolicy.format_table(choice)}", flush=True)
+    cfg = dataclasses.replace(cfg, policy=chosen)
+    keras.utils.set_random_seed(cfg.seed)  # The run starts as a fresh one would.
+  policy = precision.set_policy(cfg.policy)
+  print(precision.describe(policy), flush=True)
   window = profiler.parse_window(cfg.profile_steps, cfg.warmup_steps,
                                  cfg.epochs * data.steps_per_epoch)
-  return policy, slow_warning, data, window, fault_window, dist
+  return cfg, policy, data, window, fault_window, dist, choice
 
 
 def build_model(cfg: config.Config, n_classes: int, replicas: int = 1) -> keras.Model:
@@ -103,7 +116,7 @@ def train_and_evaluate(cfg: config.Config,
   start = time.perf_counter()
   if cfg.resume:
     cfg = resume_config(cfg)
-  policy, slow_warning, data, window, fault_window, dist = _prepare(cfg)
+  cfg, policy, data, window, fault_window, dist, choice = _prepare(cfg)
   if cfg.resume:
     run_dir = pathlib.Path(cfg.resume).expanduser()
   elif dist.is_chief:
@@ -123,6 +136,7 @@ def train_and_evaluate(cfg: config.Config,
     model = build_model(cfg, len(data.class_names), dist.replicas)
     optimizer = precision.make_optimizer(cfg.policy, cfg.learning_rate, cfg.loss_scale)
     optimizer.build(model.trainable_variables)  # Its slots must exist to be restored.
+  speed = precision.check_speed(cfg.policy, precision.layer_classes(model))
   ckpt = checkpoint.Checkpointer(run_dir, model, optimizer, cfg.keep_checkpoints,
                                  write_dir=out_dir)
   start_step, prior = 0, {}
@@ -152,13 +166,16 @@ def train_and_evaluate(cfg: config.Config,
       texts={"run/flags": "```\n" + config.to_flagfile(cfg) + "```",
              "precision/policy": precision.describe(policy),
              "run/strategy": dist.describe(),
+             **({"precision/policy_choice": autopolicy.format_table(choice, True)}
+                if choice else {}),
              **({"inspect/dtypes": dtypes_lib.format_table(report, markdown=True)}
                 if report else {})},
       hparams=_hparams(cfg) if cfg.instrument and not cfg.resume else None,
       state=lambda timer: {"timer": timer.state(),
                            "wall_s": prior_wall + time.perf_counter() - start})
   run = summary_lib.RunState(cfg, str(run_dir), policy, data, optimizer, cbs.timer,
-                             ckpt, dist, slow_warning, report, sampler)
+                             ckpt, dist, speed, report, sampler,
+                             choice)
 
   status, message = "failed", None  # Until the loop returns or is stopped.
   try:
@@ -226,6 +243,8 @@ def inspect_only(cfg: config.Config) -> dict[str, Any]:
   printed and written to a run folder as dtypes.json and a TensorBoard text summary.
   """
   config.validate(cfg)
+  if cfg.policy == "auto":
+    raise UserError("--policy=auto times training steps: use it with --mode=train")
   models.parse_opts(cfg.model, cfg.model_opts)  # Checks the name and the options.
   rundir.check_root(cfg)
   keras.backend.clear_session()

@@ -37,9 +37,10 @@ class RunState:
   timer: instrument.StepTimer
   ckpt: checkpoint.Checkpointer
   dist: distribute.Setup
-  slow_warning: str | None = None
+  speed: dict[str, Any] | None = None  # precision.check_speed's verdict.
   report: dict[str, Any] | None = None  # The dtype inspection (None: --noinstrument).
   sampler: sampler_lib.Sampler | None = None
+  policy_choice: dict[str, Any] | None = None  # --policy=auto's record.
 
 
 def build(run: RunState, status: str, wall_s: float,
@@ -75,7 +76,8 @@ def build(run: RunState, status: str, wall_s: float,
       val_loss=logs.get("val_loss"), val_accuracy=logs.get("val_accuracy"),
       loss_scale=precision.loss_scale(run.optimizer),
       skipped_steps=precision.skipped_steps(run.optimizer, timer.steps),
-      slow_path_warning=run.slow_warning,
+      slow_path_warning=(run.speed or {}).get("text"), kernels=run.speed,
+      policy_choice=run.policy_choice,
       flops_share_16bit=run.report["flops_share_16bit"] if run.report else None,
       flops_per_step=flops, achieved_gflops=achieved,
       peak_gflops=peak, peak_source=peak_source,

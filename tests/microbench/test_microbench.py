@@ -1,5 +1,6 @@
 """The microbenchmark: ISA parsing, the exact FMA oracle, the peak formula, TF's
-probe output, bad input, and `--mode=microbench --quick` end to end."""
+probe output, the report's verdict on each peak estimate, bad input, and
+`--mode=microbench --quick` end to end."""
 
 from fractions import Fraction
 import json
@@ -11,6 +12,7 @@ import pytest
 
 from mpt import config
 from mpt.errors import UserError
+from mpt.machine import ceilings
 from mpt.machine import isa
 from mpt.machine import rates
 from mpt.microbench import fma
@@ -19,7 +21,7 @@ from mpt.microbench import run as microbench
 from mpt.microbench import tfbuild
 from mpt.microbench.options import MicrobenchOptions
 
-from helpers import CPUINFO, mpt, read_events
+from helpers import CPUINFO, DATA, mpt, read_events
 
 
 def cpu(name: str) -> isa.Cpu:
@@ -134,6 +136,15 @@ def test_probe_output_parsing():
       "src_bf16::blocked:ab:f0 wei_bf16::blocked:ab:f0 dst_bf16::blocked:ab:f0,,,"
       "128x128:128x128,0.1",
       "MPT-OP conv2d float16",
+      # oneDNN 3.7's layout (TF 2.21), recorded on a Sapphire Rapids machine: the
+      # source dtype is `src:f16:`, which the parser once printed as "on ?".
+      "onednn_verbose,v1,primitive,exec,cpu,convolution,ref:any,backward_weights,"
+      "src:f16::blocked:acdb::f0 wei:f16:a:blocked:abcd::f0 bia:undef::undef::: "
+      "dst:f16::blocked:acdb::f0,,alg:convolution_direct,mb8_ic32oc64_ih32oh16kh7sh2,"
+      "696.265",
+      "onednn_verbose,v1,primitive,exec,cpu,reorder,jit:uni,undef,src:f16::blocked:"
+      "abcd::f0 dst:f16::blocked:cdba::f0,,,64x32x7x7,0.167969",
+      "MPT-OP conv2d bfloat16",
       'MPT-INFO {"tf_version": "2.21.0", "python": "3.11.7", "build": {}}'])
   stderr = ("I0000 cpu_feature_guard.cc:227] This TensorFlow binary is optimized...\n"
             "To enable the following instructions: AVX2 FMA, in other operations, "
@@ -142,10 +153,35 @@ def test_probe_output_parsing():
   assert facts["not_compiled_for"] == ["AVX2", "FMA"]
   assert facts["onednn"] and facts["onednn_isa"] == "Intel AVX2"
   assert facts["onednn_dispatch"] == {
-      "matmul_float32": ["gemm_api on f32"],
-      "matmul_bfloat16": ["matmul:brg_matmul:avx512_core_amx on bf16"],
-      "conv2d_float16": []}
+      "matmul_float32": ["gemm_api on float32"],
+      "matmul_bfloat16": ["matmul:brg_matmul:avx512_core_amx on bfloat16"],
+      "conv2d_float16": ["convolution:ref:any on float16"],  # The reorder is layout only.
+      "conv2d_bfloat16": []}
+  assert "?" not in str(facts["onednn_dispatch"])
   assert facts["tf_version"] == "2.21.0"
+
+
+def test_report_says_in_words_which_estimates_the_measurements_refute():
+  """The recorded Sapphire Rapids results: float32 measured above its "peak", AMX
+  bfloat16 more than 4x below it (mpt/machine/ceilings.py)."""
+  path = DATA / "microbench" / "intel_spr_amx_microbench.json"
+  recorded = json.loads(path.read_text())
+  assert "ceilings" not in recorded  # Recorded before ceilings: computed for the report.
+  text = report.format_report(recorded)
+  lines = {l.strip().split(":")[0]: l for l in text.splitlines()
+           if re.match(r"  (float32|bfloat16|float16): [\d.]+ GFLOP/s = ", l)}
+  assert lines["float32"].startswith("  float32: 332.8 GFLOP/s = 2 cores x 2600 MHz")
+  assert lines["float32"].endswith(
+      "-- unreliable estimate: measured conv2d 348 GFLOP/s beats it (105%)")
+  assert lines["bfloat16"].endswith(
+      "-- unreliable estimate: measured conv2d 1861 GFLOP/s misses it by 5.7x (17%)")
+  assert lines["float16"].endswith(
+      "-- plausible: measured matmul 345 GFLOP/s is 52% of it")
+  assert ("    practical ceiling (best TensorFlow rate measured): matmul 340.6, conv2d "
+          "348.4 GFLOP/s") in text.splitlines()
+  # The ceilings a run stores in microbench.json give the same report.
+  stored = {**recorded, "ceilings": ceilings.ceilings(recorded)}
+  assert report.format_report(stored) == text
 
 
 @pytest.mark.parametrize("overrides,words", [
@@ -186,9 +222,20 @@ def test_quick_end_to_end_with_a_second_interpreter(tmp_path):
   assert all(r["gflops"] > 0 for r in gemm)
   assert result["tensorflow"]["tf_version"] and "compare" in result
   assert {f["dtype"] for f in result["fma"]} == {"float32", "float16"}
+  assert set(result["ceilings"]) >= {"float32", "bfloat16", "float16"}
+  assert all(c["verdict"] in ("plausible", "unreliable estimate", "no estimate",
+                              "not measured")
+             for c in result["ceilings"].values())
+  assert re.search(r"  float32: [\d.]+ GFLOP/s = .* -- (plausible|unreliable estimate)",
+                   out), out
   tags = read_events(run)
   assert "microbench/matmul_gflops/tensorflow_float32" in tags
   assert "microbench/report" in tags
-  cached = list((tmp_path / "cache" / "microbench").glob("*.json"))
-  assert len(cached) == 1
+  cached = sorted((tmp_path / "cache" / "microbench").glob("*.json"),
+                  key=lambda p: p.name.endswith("-kernels.json"))
+  assert [p.name.endswith("-kernels.json") for p in cached] == [False, True]
   assert rates.measured_gflops(json.loads(cached[0].read_text()), "float32") > 0
+  # The kernel table: printed, in microbench.json, and cached for training runs.
+  assert "Kernels per op" in out and "Conv2DBackpropFilter" in out
+  table = json.loads(cached[1].read_text())
+  assert table["rows"] == result["kernels"]["rows"] and len(table["rows"]) == 38

@@ -1,0 +1,101 @@
+"""Which policy is fast here, from measurement: the kernel table (mpt/machine/kernels.py)
+first, the CPU flags and GPU compute capabilities (mpt/machine/hardware.py) only when
+nothing was measured. When the two disagree, the verdict says so in words.
+
+A policy's measured cost is its time over float32's, summed over the ops a model's
+training step runs (forward and backward, the op families of its layers): on the
+Sapphire Rapids machine of tests/data/kernels that is ~100x for float16's convolutions
+(oneDNN's reference kernel for backward-weights) and ~0.4x for bfloat16's (AMX).
+"""
+
+from typing import Any
+
+from mpt.machine import hardware
+from mpt.machine import kernels
+
+POLICY_DTYPE = {"float32": "float32", "mixed_bfloat16": "bfloat16",
+                "mixed_float16": "float16"}
+SLOW = 2.0  # A policy measured this many times float32's time is warned about.
+# Layer classes -> the op families their training step runs.
+LAYER_FAMILIES = {"Conv2D": "conv", "Conv1D": "conv", "Conv3D": "conv",
+                  "DepthwiseConv2D": "depthwise", "SeparableConv2D": "depthwise",
+                  "Dense": "matmul", "EinsumDense": "matmul",
+                  "MultiHeadAttention": "matmul", "BatchNormalization": "batchnorm"}
+
+
+def families_of(layer_classes) -> list[str]:
+  """The op families of a model, from its layers' class names (all if none known)."""
+  found = sorted({LAYER_FAMILIES[c] for c in layer_classes if c in LAYER_FAMILIES})
+  return found or ["conv", "depthwise", "matmul", "batchnorm"]
+
+
+def _rows(table: dict[str, Any], families) -> list[dict[str, Any]]:
+  ops = {op for f in families for op in kernels.FAMILIES[f]}
+  return [r for r in table.get("rows", []) if r["op"] in ops]
+
+
+def policy_ratios(table: dict[str, Any] | None, families) -> dict[str, float]:
+  """Each policy's summed op time over float32's, for the ops all dtypes measured."""
+  if not table:
+    return {}
+  rows = _rows(table, families)
+  by = {(r["op"], r["dtype"]): r.get("ms") for r in rows}
+  ops = [op for op in {r["op"] for r in rows}
+         if all(by.get((op, d)) for d in POLICY_DTYPE.values())]
+  base = sum(by[op, "float32"] for op in ops)
+  if not ops or not base:
+    return {}
+  return {p: sum(by[op, d] for op in ops) / base for p, d in POLICY_DTYPE.items()}
+
+
+def worst_op(table: dict[str, Any], dtype: str, families) -> dict[str, Any] | None:
+  """The op whose `dtype` kernel is slowest relative to float32's."""
+  rows = [r for r in _rows(table, families) if r["dtype"] == dtype and r.get("ratio")]
+  return max(rows, key=lambda r: r["ratio"]) if rows else None
+
+
+def verdict(policy: str, table: dict[str, Any] | None, families, flags: set[str],
+            gpu_caps: list[tuple[int, int]], cpu_name: str) -> dict[str, Any]:
+  """What is known about `policy`'s speed here, and on what evidence.
+
+  Keys: evidence ("probe" or "flags"), slow (bool), ratio (measured time over
+  float32's, or None), op/impl/op_ratio/reference (the worst op), fastest (the policy
+  measured fastest, or the flags' advice), fastest_ratio, contradicts (words, or
+  None), text (the one-line warning, or None)."""
+  by_flags = hardware.fast_path(policy, flags, gpu_caps, cpu_name)
+  ratios = policy_ratios(table, families) if not gpu_caps else {}
+  if not ratios:
+    return {"evidence": "flags", "slow": bool(by_flags), "ratio": None, "op": None,
+            "impl": None, "op_ratio": None, "reference": False,
+            "fastest": by_flags[1] if by_flags else None, "fastest_ratio": None,
+            "contradicts": None, "policy_ratios": {},
+            "text": f"{policy}: {by_flags[0]}; use --policy={by_flags[1]}"
+            if by_flags else None}
+  dtype = POLICY_DTYPE[policy]
+  ratio = ratios[policy]
+  fastest = min(ratios, key=ratios.get)
+  worst = worst_op(table, dtype, families) if dtype != "float32" else None
+  slow = ratio >= SLOW
+  contradicts = None
+  if slow and not by_flags and dtype != "float32":
+    contradicts = (f"the CPU flags of {cpu_name} promise a fast {dtype} path, but "
+                   f"TensorFlow's kernels measured {ratio:.1f}x float32's time")
+  elif not slow and by_flags:
+    contradicts = (f"the CPU flags say {dtype} is emulated on {cpu_name}, but its "
+                   f"kernels measured {ratio:.2f}x float32's time")
+  text = None
+  if slow:
+    kernel = worst["impl"] + (" (oneDNN's reference kernel)" if worst["reference"]
+                              else "") if worst else "?"
+    text = (f"{policy}: this model's ops measured {ratio:.1f}x float32's time here; "
+            f"worst: {dtype} {worst['op'] if worst else '?'} runs {kernel}, "
+            f"{(worst or {}).get('ratio') or 0:.1f}x float32")
+    if fastest != policy:
+      text += (f"; measured fastest here: --policy={fastest} "
+               f"({ratios[fastest]:.2f}x float32's time)")
+  return {"evidence": "probe", "slow": slow, "ratio": ratio,
+          "op": worst["op"] if worst else None, "impl": worst["impl"] if worst else None,
+          "op_ratio": worst["ratio"] if worst else None,
+          "reference": bool(worst and worst["reference"]), "fastest": fastest,
+          "fastest_ratio": ratios[fastest], "contradicts": contradicts,
+          "policy_ratios": ratios, "text": text}

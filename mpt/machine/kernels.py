@@ -1,0 +1,259 @@
+"""The kernel table: for each op a training step runs, forward and backward, and each of
+float32, bfloat16 and float16, the kernel TensorFlow really dispatches here, its time
+at a representative shape, and its ratio to float32's.
+
+`probe()` measures it in a child process with `ONEDNN_VERBOSE=1` (the kernel names
+come from oneDNN's own log, mpt/machine/onednn.py; an op oneDNN logs nothing for ran
+on TF's Eigen kernels) in ~10 s on 2 cores, TensorFlow's import included. `table()`
+returns it from the per-machine cache (CPU model, core count, TF version), probing
+when there is none or it is unreadable or stale (a note says so). `$MPT_KERNELS`
+names a recorded table that stands in for this machine's, as $MPT_CPUINFO stands in
+for /proc/cpuinfo (tests use both, from real machines: tests/data/kernels/).
+
+mpt/machine/fastpath.py turns a table into verdicts, warnings and advice.
+"""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+from typing import Any
+
+from mpt.machine import isa
+from mpt.machine import onednn
+from mpt.machine import rates
+from mpt.records import rundir
+
+SCHEMA = 1
+DTYPES = ("float32", "bfloat16", "float16")
+# Op families: a model's layer classes say which of them its training step runs.
+FAMILIES = {
+    "conv": ("Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter",
+             "Conv2DBackpropFilterWithBias"),
+    "depthwise": ("DepthwiseConv2dNative", "DepthwiseConv2dNativeBackpropInput",
+                  "DepthwiseConv2dNativeBackpropFilter"),
+    "matmul": ("MatMul", "MatMul/grad_input", "MatMul/grad_weights"),
+    "batchnorm": ("FusedBatchNormV3", "FusedBatchNormGradV3"),
+    "cast": ("Cast",),
+}
+# Run in the child: every op on small representative shapes, marked in the log.
+PROBE = r"""
+import json, statistics, sys, time
+import tensorflow as tf
+R = int(sys.argv[1])
+def timed(name, dtype, fn):
+  print(f"MPT-OP {name} {dtype}", flush=True)
+  fn()  # First call: oneDNN creates the primitive (and logs its choice) here.
+  times = []
+  for _ in range(R):
+    start = time.perf_counter(); fn(); times.append((time.perf_counter() - start) * 1e3)
+  print(f"MPT-MS {statistics.median(times)}", flush=True)
+for d in sys.argv[2].split(","):
+  dt = getattr(tf, d)
+  n = lambda *s: tf.cast(tf.random.stateless_normal(s, (1, 2)), dt)
+  x, w, dy = n(8, 32, 32, 32), n(3, 3, 32, 64), n(8, 32, 32, 64)
+  xs, ws = tf.constant([8, 32, 32, 32]), tf.constant([3, 3, 32, 64])
+  st = [1, 1, 1, 1]
+  timed("Conv2D", d, lambda: tf.raw_ops.Conv2D(input=x, filter=w, strides=st, padding="SAME"))
+  timed("Conv2DBackpropInput", d, lambda: tf.raw_ops.Conv2DBackpropInput(
+      input_sizes=xs, filter=w, out_backprop=dy, strides=st, padding="SAME"))
+  timed("Conv2DBackpropFilter", d, lambda: tf.raw_ops.Conv2DBackpropFilter(
+      input=x, filter_sizes=ws, out_backprop=dy, strides=st, padding="SAME"))
+  b = n(64)
+  @tf.function
+  def with_bias():
+    with tf.GradientTape() as tape:
+      tape.watch([w, b])
+      y = tf.nn.bias_add(tf.nn.conv2d(x, w, 1, "SAME"), b)
+    return tape.gradient(y, [w, b], output_gradients=dy)
+  timed("Conv2DBackpropFilterWithBias", d, with_bias)
+  dw, ddy = n(3, 3, 32, 1), n(8, 32, 32, 32)
+  timed("DepthwiseConv2dNative", d, lambda: tf.raw_ops.DepthwiseConv2dNative(
+      input=x, filter=dw, strides=st, padding="SAME"))
+  timed("DepthwiseConv2dNativeBackpropInput", d, lambda:
+        tf.raw_ops.DepthwiseConv2dNativeBackpropInput(input_sizes=xs, filter=dw,
+        out_backprop=ddy, strides=st, padding="SAME"))
+  timed("DepthwiseConv2dNativeBackpropFilter", d, lambda:
+        tf.raw_ops.DepthwiseConv2dNativeBackpropFilter(input=x,
+        filter_sizes=tf.constant([3, 3, 32, 1]), out_backprop=ddy, strides=st,
+        padding="SAME"))
+  a, k, g = n(256, 512), n(512, 512), n(256, 512)
+  timed("MatMul", d, lambda: tf.matmul(a, k))
+  timed("MatMul/grad_input", d, lambda: tf.matmul(g, k, transpose_b=True))
+  timed("MatMul/grad_weights", d, lambda: tf.matmul(a, g, transpose_a=True))
+  one, zero = tf.ones([32]), tf.zeros([32])
+  bn = tf.raw_ops.FusedBatchNormV3(x=x, scale=one, offset=zero, mean=zero,
+                                   variance=one, is_training=True)
+  timed("FusedBatchNormV3", d, lambda: tf.raw_ops.FusedBatchNormV3(
+      x=x, scale=one, offset=zero, mean=zero, variance=one, is_training=True))
+  timed("FusedBatchNormGradV3", d, lambda: tf.raw_ops.FusedBatchNormGradV3(
+      y_backprop=x, x=x, scale=one, reserve_space_1=bn[3], reserve_space_2=bn[4],
+      reserve_space_3=bn[5], is_training=True))
+  if d != "float32":
+    x32 = tf.cast(x, tf.float32)
+    timed("Cast", d, lambda: tf.cast(x32, dt))
+print("MPT-TF " + tf.__version__, flush=True)
+"""
+
+
+def parse_probe(text: str) -> dict[str, Any]:
+  """A probe child's stdout -> {"onednn_isa", "tf_version", "rows"}; never raises."""
+  rows, current, logged = [], None, []
+
+  def close():
+    if current is not None:
+      kernel = onednn.main_kernel(logged)
+      unknown = any(p.kind == "unknown" for p in logged)
+      current["impl"] = ("unknown" if unknown and kernel is None else
+                         "Eigen" if kernel is None else kernel.label)
+      current["reference"] = bool(kernel and kernel.reference)
+      rows.append(current)
+
+  for line in text.splitlines():
+    if line.startswith("MPT-OP "):
+      close()
+      _, op, dtype = line.split(" ")
+      current, logged = {"op": op, "dtype": dtype, "ms": None}, []
+    elif line.startswith("MPT-MS ") and current is not None:
+      current["ms"] = float(line.split()[1])
+    elif current is not None and line.startswith("onednn_verbose"):
+      found = onednn.parse_line(line)
+      if found:
+        logged.append(found)
+  close()
+  tf_version = next((l.split()[1] for l in text.splitlines() if l.startswith("MPT-TF ")),
+                    None)
+  return {"onednn_isa": onednn.isa(text), "tf_version": tf_version,
+          "rows": with_ratios(rows)}
+
+
+def with_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+  """Each row's time over float32's for the same op (None where either is missing)."""
+  base = {r["op"]: r.get("ms") for r in rows if r["dtype"] == "float32"}
+  for r in rows:
+    b = base.get(r["op"])
+    r["ratio"] = r["ms"] / b if r.get("ms") and b else None
+  return rows
+
+
+def probe(repeats: int = 3, dtypes=DTYPES, python: str = sys.executable) -> dict[str, Any]:
+  """Measures the table in a child process; the child's failure is a table with a
+  note, never an exception (the run it serves goes on)."""
+  start = time.perf_counter()
+  env = {**os.environ, "ONEDNN_VERBOSE": "1", "TF_CPP_MIN_LOG_LEVEL": "0"}
+  try:
+    proc = subprocess.run([python, "-c", PROBE, str(repeats), ",".join(dtypes)],
+                          capture_output=True, text=True, env=env, timeout=600)
+    out, note = proc.stdout, (None if proc.returncode == 0 else
+                              "the kernel probe failed: " +
+                              (proc.stderr.strip().splitlines() or ["?"])[-1][:200])
+  except (OSError, subprocess.TimeoutExpired) as e:
+    out, note = "", f"the kernel probe failed: {e}"
+  cpu = isa.detect()
+  table = {"schema": SCHEMA, "source": "probe", "cpu": cpu.name,
+           "logical_cpus": cpu.logical_cpus, **parse_probe(out),
+           "seconds": round(time.perf_counter() - start, 2)}
+  if note:
+    table["note"] = note
+  return table
+
+
+def from_verbose_logs(logs: dict[str, str], op_of: dict[tuple[str, str], str],
+                      cpu: str, source: str) -> dict[str, Any]:
+  """A table from recorded ONEDNN_VERBOSE logs (one per dtype), timed by oneDNN's own
+  exec times: `op_of[(kind, prop)]` names the TF op each primitive served."""
+  rows = []
+  for dtype, text in logs.items():
+    for p in onednn.parse(text):
+      op = op_of.get((p.kind, p.prop))
+      if op:
+        rows.append({"op": op, "dtype": dtype, "impl": p.label, "ms": p.ms,
+                     "reference": p.reference})
+  return {"schema": SCHEMA, "source": source, "cpu": cpu, "logical_cpus": None,
+          "onednn_isa": next(filter(None, map(onednn.isa, logs.values())), None),
+          "tf_version": None, "rows": with_ratios(rows), "seconds": None}
+
+
+def cache_path() -> pathlib.Path:
+  """Next to the matmul-rate cache: same machine key, `-kernels.json`."""
+  cpu = isa.detect()
+  base = rates.cache_path(cpu.name, cpu.logical_cpus, _tf_version())
+  return base.with_name(base.stem + "-kernels.json")
+
+
+def _tf_version() -> str:
+  import importlib.metadata
+  try:
+    return importlib.metadata.version("tensorflow")
+  except importlib.metadata.PackageNotFoundError:
+    return "?"
+
+
+def table(probe_if_missing: bool = True) -> tuple[dict[str, Any] | None, str | None]:
+  """(this machine's kernel table, a note on where it came from or what went wrong).
+
+  $MPT_KERNELS first (a recorded table, or `none`: nothing measured, the CPU flags
+  decide), then the cache, then a fresh probe (cached)."""
+  stand_in = os.environ.get("MPT_KERNELS")
+  if stand_in == "none":
+    return None, None
+  if stand_in:
+    try:
+      found = json.loads(pathlib.Path(stand_in).read_text())
+      return {**found, "source": f"recorded: {stand_in}"}, None
+    except (OSError, ValueError) as e:
+      return None, f"MPT_KERNELS={stand_in} cannot be read ({e}); no kernel table"
+  path, note = cache_path(), None
+  if path.exists():
+    try:
+      cached = json.loads(path.read_text())
+      if cached.get("schema") == SCHEMA and cached.get("rows"):
+        return {**cached, "source": f"cache: {path}"}, None
+      note = f"the kernel cache {path} is stale (an older format); measured again"
+    except (OSError, ValueError):
+      note = f"the kernel cache {path} is unreadable; measured again"
+  if not probe_if_missing:
+    return None, note
+  fresh = probe()
+  save(fresh)
+  return fresh, note
+
+
+def save(table: dict[str, Any]) -> pathlib.Path | None:
+  """Caches a measured table for this machine (not one that measured nothing)."""
+  if not table.get("rows"):
+    return None
+  path = cache_path()
+  path.parent.mkdir(parents=True, exist_ok=True)
+  rundir.write_json(path, table)
+  return path
+
+
+def format_table(table: dict[str, Any]) -> list[str]:
+  """One line per op: each dtype's kernel, ms and ratio to float32 (`ref` marked)."""
+  by = {(r["op"], r["dtype"]): r for r in table.get("rows", [])}
+  lines = [f"  {'op':<36} " + "  ".join(f"{d:<45}" for d in DTYPES)]
+  for op in dict.fromkeys(r["op"] for r in table.get("rows", [])):
+    cells = []
+    for d in DTYPES:
+      r = by.get((op, d))
+      if r is None:
+        cells.append(f"{'-':<44}")
+        continue
+      ratio = f" {r['ratio']:.2f}x" if r.get("ratio") and d != "float32" else ""
+      ms = f"{r['ms']:.2f} ms" if r.get("ms") else "? ms"
+      cells.append(f"{_short(r['impl'], d)[:30]:<30} {ms + ratio:<14}")
+    lines.append(f"  {op:<36} " + "  ".join(cells))
+  return lines
+
+
+def _short(impl: str, dtype: str) -> str:
+  """`convolution:ref:any on float16` -> `REF ref:any`; another dtype's kernel (TF's
+  emulation) keeps its `on float32`."""
+  kind, _, rest = impl.partition(":")
+  name, _, on = (rest or kind).partition(" on ")
+  name = name if rest else kind.partition(" on ")[0]
+  out = ("REF " if name.startswith("ref") else "") + name
+  return out + (f" on {on}" if on and on != dtype else "")

@@ -1,0 +1,86 @@
+"""`--policy=auto`: the policy that trains this model on this data fastest here, measured.
+
+Before the run, each candidate policy trains a few steps of the real model on the
+real input pipeline (mpt's compiled custom step, fresh weights each time): its first
+step (tracing included) and the median of the next `steps`. A candidate whose first
+step already takes more than DROP times the best first step so far is dropped there
+(float16's reference kernels on a Sapphire Rapids machine take ~200x float32's
+time: one step is enough to know). The fastest candidate with a finite loss wins; the
+table, the choice and what choosing cost go to summary.json (`policy_choice`) and
+TensorBoard. The run then trains from scratch with the chosen policy, recorded as
+that policy in flags.txt, so that --resume and a replayed flags.txt continue it.
+"""
+
+import math
+import statistics
+import time
+from typing import Any, Callable
+
+import keras
+
+from mpt.config import Config
+from mpt.train import precision
+from mpt.train import steps as steps_lib
+from mpt.train.data import Data
+
+CANDIDATES = ("float32", "mixed_bfloat16", "mixed_float16")
+DROP = 5.0
+
+
+def _time_policy(policy: str, cfg: Config, data: Data, strategy, build: Callable,
+                 steps: int, give_up_ms: float | None) -> dict[str, Any]:
+  keras.backend.clear_session()
+  keras.utils.set_random_seed(cfg.seed)
+  precision.set_policy(policy)
+  with strategy.scope():
+    model = build()
+    optimizer = precision.make_optimizer(policy, cfg.learning_rate, cfg.loss_scale)
+    step = steps_lib.Steps(model, optimizer, jit_compile=cfg.jit_compile,
+                           strategy=strategy, global_batch=cfg.batch_size)
+  batches = iter(strategy.experimental_distribute_dataset(data.train_from(0)))
+  times, loss = [], None
+  for i in range(steps + 1):
+    start = time.perf_counter()
+    loss = float(step.train_step(*next(batches))["loss"])
+    times.append((time.perf_counter() - start) * 1e3)
+    if i == 0 and give_up_ms is not None and times[0] > give_up_ms:
+      return {"policy": policy, "first_ms": times[0], "ms_per_step": None,
+              "finite": math.isfinite(loss), "dropped": f"first step > {DROP:g}x the "
+              f"best so far ({times[0]:.0f} ms)"}
+  return {"policy": policy, "first_ms": times[0],
+          "ms_per_step": statistics.median(times[1:]), "finite": math.isfinite(loss),
+          "dropped": None}
+
+
+def choose(cfg: Config, data: Data, strategy, build: Callable[[], keras.Model],
+           steps: int = 3) -> tuple[str, dict[str, Any]]:
+  """(the chosen policy, the record of the choice); `build()` makes the model."""
+  start, rows, best_first = time.perf_counter(), [], None
+  for policy in CANDIDATES:
+    row = _time_policy(policy, cfg, data, strategy, build, steps,
+                       DROP * best_first if best_first else None)
+    rows.append(row)
+    if row["ms_per_step"] is not None and row["finite"]:
+      best_first = min(best_first or row["first_ms"], row["first_ms"])
+  usable = [r for r in rows if r["ms_per_step"] is not None and r["finite"]]
+  chosen = min(usable, key=lambda r: r["ms_per_step"])["policy"] if usable else "float32"
+  base = next((r["ms_per_step"] for r in rows if r["policy"] == "float32"), None)
+  for r in rows:
+    r["vs_float32"] = base / r["ms_per_step"] if base and r["ms_per_step"] else None
+  keras.backend.clear_session()
+  return chosen, {"requested": "auto", "chosen": chosen, "steps_timed": steps,
+                  "candidates": rows, "seconds": round(time.perf_counter() - start, 2)}
+
+
+def format_table(choice: dict[str, Any], markdown: bool = False) -> str:
+  """The candidates as a table: ms/step, speed vs float32, first step, why dropped."""
+  head = "| policy | ms/step | speed vs float32 | first step ms | note |"
+  lines = [head, "|---|---|---|---|---|"] if markdown else [head]
+  for r in choice["candidates"]:
+    ms = f"{r['ms_per_step']:.1f}" if r["ms_per_step"] else "-"
+    vs = f"{r['vs_float32']:.2f}x" if r["vs_float32"] else "-"
+    note = r["dropped"] or ("non-finite loss" if not r["finite"] else
+                            "chosen" if r["policy"] == choice["chosen"] else "")
+    lines.append(f"| {r['policy']} | {ms} | {vs} | {r['first_ms']:.0f} | {note} |")
+  lines.append(f"choosing took {choice['seconds']:.1f} s")
+  return "\n".join(lines)

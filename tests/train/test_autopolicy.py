@@ -1,0 +1,106 @@
+"""The measured warning before step 1 and `--policy=auto`, on recorded kernel tables
+(tests/data/kernels) standing in for this machine's; nothing here times anything."""
+
+import json
+import math
+import os
+import subprocess
+
+import pytest
+
+from mpt.errors import UserError
+from mpt.sweep import run as sweep
+from mpt.sweep.options import SweepOptions
+from mpt.train import autopolicy
+
+from helpers import DATA, ROOT, read_events, tiny_cli, train_run
+
+
+def _run(tmp_path, *flags, kernels=None, fault=None, status=0):
+  env = {**os.environ, **({"MPT_KERNELS": str(DATA / "kernels" / kernels)}
+                          if kernels else {}),
+         **({"MPT_INJECT_FAULT": fault} if fault else {})}
+  proc = subprocess.run(tiny_cli(tmp_path, "--epochs=1", *flags),
+                        cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+  assert proc.returncode == status, proc.stderr[-3000:]
+  return proc.stdout
+
+
+def test_the_users_command_warns_once_before_step_1_on_spr_evidence(tmp_path):
+  # The session's stand-in machine is the recorded Sapphire Rapids (conftest.py).
+  # A failure injected just before the loop starts: the warning is out already.
+  early = _run(tmp_path / "early", "--policy=mixed_float16", "--loop=custom",
+               fault="fail:4", status=1)
+  assert [l for l in early.splitlines() if l.startswith("WARNING: mixed_float16")]
+  out = _run(tmp_path, "--policy=mixed_float16", "--loop=custom")
+  warnings = [l for l in out.splitlines() if l.startswith("WARNING: mixed_float16")]
+  assert len(warnings) == 1, out
+  for words in ("Conv2DBackpropFilter", "ref:any", "--policy=mixed_bfloat16",
+                "promise a fast float16 path"):
+    assert words in warnings[0], (words, warnings[0])
+  run = next((tmp_path / "logs").iterdir())
+  summary = json.loads((run / "summary.json").read_text())
+  assert summary["slow_path_warning"] == warnings[0][len("WARNING: "):]
+  assert summary["kernels"]["evidence"] == "probe" and summary["kernels"]["slow"]
+  assert "intel_spr_amx_recorded.json" in summary["kernels"]["source"]
+
+
+@pytest.mark.parametrize("kernels,policy", [
+    ("nothing_slow_synthetic.json", "mixed_float16"),
+    ("intel_spr_amx_recorded.json", "mixed_bfloat16")])
+def test_no_warning_where_nothing_is_measured_slow(tmp_path, kernels, policy):
+  out = _run(tmp_path, f"--policy={policy}", kernels=kernels)
+  assert "WARNING: mixed" not in out, out
+
+
+def test_auto_picks_the_fastest_finite_candidate_and_records_it(tiny, tmp_path):
+  summary = train_run(tiny(policy="auto", epochs=1, loop="custom"))
+  choice = summary["policy_choice"]
+  assert choice["requested"] == "auto" and summary["policy"] == choice["chosen"]
+  rows = {r["policy"]: r for r in choice["candidates"]}
+  assert set(rows) == set(autopolicy.CANDIDATES)
+  usable = {p: r["ms_per_step"] for p, r in rows.items()
+            if r["ms_per_step"] is not None and r["finite"]}
+  assert choice["chosen"] == min(usable, key=usable.get)
+  assert choice["seconds"] > 0 and rows["float32"]["vs_float32"] == 1.0
+  run = summary["run_dir"]
+  flags = open(f"{run}/flags.txt").read()
+  assert f"--policy={choice['chosen']}\n" in flags and "--policy=auto" not in flags
+  assert "precision/policy_choice" in read_events(run)
+  on_disk = json.loads(open(f"{run}/summary.json").read())
+  assert on_disk["policy_choice"] == json.loads(json.dumps(choice))
+
+
+def test_auto_drops_a_candidate_whose_first_step_is_too_slow_and_a_non_finite_one(
+    monkeypatch):
+  script = {"float32": (1000.0, 100.0, True), "mixed_bfloat16": (900.0, 60.0, False),
+            "mixed_float16": (6000.0, 30.0, True)}
+  seen = {}
+
+  def fake(policy, cfg, data, strategy, build, steps, give_up_ms):
+    first, ms, finite = script[policy]
+    seen[policy] = give_up_ms
+    dropped = give_up_ms is not None and first > give_up_ms
+    return {"policy": policy, "first_ms": first, "ms_per_step": None if dropped else ms,
+            "finite": finite, "dropped": "too slow" if dropped else None}
+
+  monkeypatch.setattr(autopolicy, "_time_policy", fake)
+  chosen, choice = autopolicy.choose(None, None, None, None)
+  # bfloat16 is fastest but its loss was not finite; float16's first step was more
+  # than 5x float32's (the best usable first step), so it was dropped.
+  assert chosen == "float32"
+  assert seen == {"float32": None, "mixed_bfloat16": 5000.0, "mixed_float16": 5000.0}
+  assert [r["dropped"] for r in choice["candidates"]] == [None, None, "too slow"]
+  table = autopolicy.format_table(choice)
+  assert "non-finite loss" in table and "too slow" in table and "chosen" in table
+  assert math.isclose(choice["candidates"][1]["vs_float32"], 100 / 60)
+
+
+def test_auto_is_for_single_training_runs(tiny, tmp_path):
+  with pytest.raises(UserError, match="--policy=auto is for single runs"):
+    sweep.run(tiny(policy="auto"), SweepOptions())
+  with pytest.raises(UserError, match="--policy=auto is for single runs"):
+    sweep.run(tiny(), SweepOptions(policies="float32,auto"))
+  from mpt.train import run
+  with pytest.raises(UserError, match="use it with --mode=train"):
+    run.inspect_only(tiny(policy="auto"))
