@@ -46,6 +46,11 @@ class Config:
                      "tf.function loop (`custom`).", choices=LOOPS)
   model: str = flag("seed_convnet", "Model variant from the registry in "
                       "mpt/models.py.")
+  batchnorm: str = flag(
+      "keras", "BatchNormalization layers: `keras` (Keras' own layer, separate float32 "
+      "ops) or `fused` (TF's fused kernel, oneDNN on CPU; same variables and math, "
+      "mpt/models/fused_bn.py). With synchronized BatchNorm across replicas Keras' "
+      "layer is kept.", choices=("keras", "fused"))
   model_opts: str = flag("", "Options of the --model builder, "
                            "`key=value,key=value` (e.g. resnet: depth=10,width=32).")
 

@@ -31,6 +31,7 @@ UTILISATION = 0.50           # busy share of the device below which a run is sta
 MISALIGNED_SHARE = 0.05      # forward-FLOP share in layers with dims not multiples of 8
 FLOAT32_FLOP_SHARE = 0.10    # forward-FLOP share left in float32 under a 16-bit policy
 FLOAT32_TIME_SHARE = 0.10    # traced op time in float32 layers and casts
+BATCHNORM_TIME_SHARE = 0.20  # traced op time in Keras' BatchNormalization layers
 SKIPPED_SHARE = 0.02         # skipped (non-finite) steps, share of steps run ...
 SETTLING_SKIPS = 2           # ... beyond these: a dynamic scale starts at 2**15 and
                              # halves (skipping a step) until the gradients fit
@@ -419,8 +420,8 @@ def float32_work(ev: Evidence) -> Finding | None:
                     f"float32 layers, {ops.get('cast_time_share', 0):.1%} in Cast ops")
   reasons = {l["reason"] for l in layers}
   if any("BatchNormalization" in r for r in reasons):
-    step = ("BatchNorm normalises in float32 on purpose; --jit_compile fuses its casts "
-            "into the neighbouring ops")
+    step = ("BatchNorm normalises in float32 on purpose; --batchnorm=fused does it in "
+            "TF's fused kernel, which reads and writes the 16-bit dtype (no casts)")
   else:
     step = "keep only the output layer in float32; drop other forced-float32 dtypes"
   return Finding("float32_work", "medium", max(flop_share, time_share),
@@ -428,6 +429,35 @@ def float32_work(ev: Evidence) -> Finding | None:
                  f"float32 FLOP share >= {FLOAT32_FLOP_SHARE:.0%} or traced float32 + "
                  f"cast time >= {FLOAT32_TIME_SHARE:.0%}", evidence, step,
                  ["dtypes"] + (["trace"] if ops else []))
+
+
+def batchnorm_cost(ev: Evidence) -> Finding | None:
+  """Keras' BatchNormalization is separate float32 ops and casts: on a CPU with fast
+  16-bit kernels it can be half of a step, which TF's fused kernel mostly removes."""
+  s, d, ops = ev.summary, ev.dtypes or {}, ev.op_stats or {}
+  shares = ops.get("layer_time_share") or {}
+  bn = [l["name"] for l in d.get("layers", []) if l["class"] == "BatchNormalization"]
+  share = sum(shares.get(name, 0.0) for name in bn)
+  if s.get("batchnorm", "keras") != "keras" or share < BATCHNORM_TIME_SHARE:
+    return None
+  evidence = [f"{share:.1%} of traced op time is in the {len(bn)} BatchNormalization "
+              f"layer(s): " + ", ".join(f"{n} {shares.get(n, 0):.1%}" for n in bn[:6])]
+  based = ["trace", "dtypes"]
+  other = ev.other_batchnorm
+  if other and other.get("batchnorm") == "fused" and s.get("ms_per_step"):
+    evidence.append(f"the same run with --batchnorm=fused next to it: "
+                    f"{other['ms_per_step']:.1f} ms/step vs {s['ms_per_step']:.1f} "
+                    f"({s['ms_per_step'] / other['ms_per_step']:.2f}x faster) in "
+                    f"{other.get('run_dir')}")
+    based.append("sibling runs")
+  command = (f"python -m mpt.main --flagfile={ev.run_dir}/flags.txt --batchnorm=fused"
+             if ev.run_dir else "--batchnorm=fused")
+  return Finding("batchnorm_cost", "medium", share,
+                 f"BatchNormalization takes {share:.0%} of the traced step",
+                 f"traced op time in Keras' BatchNormalization layers >= "
+                 f"{BATCHNORM_TIME_SHARE:.0%}", evidence,
+                 f"{command} (TF's fused kernel: same variables and math, one op "
+                 f"forward and one backward)", based)
 
 
 def loss_scale(ev: Evidence) -> Finding | None:
@@ -521,10 +551,11 @@ DETECTORS: dict[str, Callable[[Evidence], Finding | None]] = {
     "loss_scale": loss_scale, "input_bound": input_bound,
     "low_utilisation": low_utilisation, "shared_machine": shared_machine,
     "misaligned": misaligned, "float32_work": float32_work,
-    "no_speedup": slower_than_float32,
+    "batchnorm_cost": batchnorm_cost, "no_speedup": slower_than_float32,
     "achieved_rate": achieved_rate, "tf32": tf32,
 }
-NEEDS = {"misaligned": "dtypes.json", "float32_work": "dtypes.json"}
+NEEDS = {"misaligned": "dtypes.json", "float32_work": "dtypes.json",
+         "batchnorm_cost": "dtypes.json"}
 
 
 def rank(findings: list[Finding]) -> list[Finding]:

@@ -31,7 +31,7 @@ from mpt.records import summary as summary_lib
 REQUIRED = ("summary.json", "flags.txt")
 # A float32 run is comparable when these match (the loop is preferred, not required).
 SAME = ("model", "model_opts", "image_size", "batch_size", "dataset", "strategy",
-        "jit_compile", "device", "input_work")
+        "jit_compile", "device", "input_work", "batchnorm")
 
 
 @dataclasses.dataclass
@@ -46,6 +46,8 @@ class Evidence:
   baseline: dict[str, Any] | None = None  # float32 summary of the same configuration
   model_names: tuple[str, ...] = ()
   run_dir: pathlib.Path | None = None  # The folder diagnosed (its flags.txt replays it).
+  # The same configuration with the other --batchnorm, completed, next to it.
+  other_batchnorm: dict[str, Any] | None = None
 
 
 def _read_json(path: pathlib.Path) -> dict[str, Any]:
@@ -90,6 +92,25 @@ def find_baseline(run_dir: pathlib.Path, summary: dict[str, Any]) -> dict[str, A
   return max(found, key=lambda f: f[:2])[2] if found else None
 
 
+def find_other_batchnorm(run_dir: pathlib.Path,
+                         summary: dict[str, Any]) -> dict[str, Any] | None:
+  """The newest completed run next to `run_dir` that differs only in --batchnorm."""
+  same = [k for k in SAME if k != "batchnorm"] + ["policy", "loop"]
+  found = []
+  for path in run_dir.parent.glob("*/summary.json"):
+    if path.parent == run_dir:
+      continue
+    try:
+      other = summary_lib.read(path).to_dict()
+    except UserError:
+      continue
+    if (other.get("status") == "completed" and other.get("ms_per_step")
+        and other.get("batchnorm") != summary.get("batchnorm")
+        and all(other.get(k) == summary.get(k) for k in same)):
+      found.append((path.stat().st_mtime, other))
+  return max(found, key=lambda f: f[0])[1] if found else None
+
+
 def load(run_dir: pathlib.Path, notes: list[str]) -> Evidence:
   summary = summary_lib.read(run_dir / "summary.json").to_dict()
   try:
@@ -130,7 +151,7 @@ def load(run_dir: pathlib.Path, notes: list[str]) -> Evidence:
   except ImportError:
     names = ()
   return Evidence(summary, flags, dtypes, op_stats, find_baseline(run_dir, summary),
-                  names, run_dir)
+                  names, run_dir, find_other_batchnorm(run_dir, summary))
 
 
 def speedup(ev: Evidence) -> float | None:

@@ -20,7 +20,8 @@ SLOW = 2.0  # A policy measured this many times float32's time is warned about.
 LAYER_FAMILIES = {"Conv2D": "conv", "Conv1D": "conv", "Conv3D": "conv",
                   "DepthwiseConv2D": "depthwise", "SeparableConv2D": "depthwise",
                   "Dense": "matmul", "EinsumDense": "matmul",
-                  "MultiHeadAttention": "matmul", "BatchNormalization": "batchnorm"}
+                  "MultiHeadAttention": "matmul", "BatchNormalization": "batchnorm",
+                  "FusedBatchNormalization": "batchnorm"}
 
 
 def families_of(layer_classes) -> list[str]:

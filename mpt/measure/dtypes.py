@@ -18,6 +18,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from mpt.models.fused_bn import FusedBatchNormalization
+
 
 SIXTEEN = ("float16", "bfloat16")
 MATMUL_LAYERS = (keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.Conv3D,
@@ -49,7 +51,7 @@ def layer_flops(layer: keras.layers.Layer) -> tuple[int, tuple[int, int] | None]
     act = out if getattr(layer, "activation", None) not in (
         None, keras.activations.linear) else 0
     return 2 * out * per_output + act, (c_in, out_shape[-1])
-  if isinstance(layer, keras.layers.BatchNormalization):
+  if isinstance(layer, (keras.layers.BatchNormalization, FusedBatchNormalization)):
     return 4 * out, None
   return out, None
 

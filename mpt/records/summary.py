@@ -33,6 +33,7 @@ class RunSummary:
   loop: str | None = None
   model: str | None = None
   model_opts: str = ""
+  batchnorm: str = "keras"  # --batchnorm (files before it existed: Keras' layer)
   dataset: str | None = None
   data_source: str | None = None
   image_size: int | None = None

@@ -54,6 +54,8 @@ BOOKKEEPING = ("run_name", "verbose", "logdir", "force", "cell_timeout")
 OTHER_MODES_IN_NAME = {"run": "", "microbench_sizes": "256,512,1024,2048",
                        "microbench_dtypes": "float32,bfloat16,float16", "quick": False,
                        "compare_python": ""}
+# Flags added after the naming scheme: at their default they leave the name as it was.
+NEWER_FLAGS = ("batchnorm",)
 FINISHED = ("ok", "OOM")
 # mpt/main.py's step after the sweep: the diagnosis of the folder (Markdown, or None).
 AfterRun = Callable[[pathlib.Path], str | None]
@@ -113,7 +115,8 @@ def sweep_dir(cfg: config.Config, opts: SweepOptions) -> pathlib.Path:
   defining = dict(OTHER_MODES_IN_NAME)
   for options in (cfg, opts):
     defining.update({f.name: getattr(options, f.name) for f in config.fields(options)
-                     if f.name not in BOOKKEEPING})
+                     if f.name not in BOOKKEEPING and not
+                     (f.name in NEWER_FLAGS and getattr(options, f.name) == f.default)})
   digest = hashlib.sha1(repr(sorted(defining.items())).encode()).hexdigest()[:8]
   return pathlib.Path(cfg.logdir).expanduser() / f"sweep-{digest}"
 

@@ -31,6 +31,7 @@ import tensorflow as tf
 from mpt import config
 from mpt import injection
 from mpt import models
+from mpt.models import fused_bn
 from mpt.errors import UserError
 from mpt.measure import dtypes as dtypes_lib
 from mpt.measure import profiler
@@ -102,12 +103,24 @@ def _prepare(cfg: config.Config):
 
 
 def build_model(cfg: config.Config, n_classes: int, replicas: int = 1) -> keras.Model:
-  """The --model variant for --image_size inputs (under the caller's strategy scope)."""
+  """The --model variant for --image_size inputs (under the caller's strategy scope),
+  with --batchnorm's layers."""
   size = cfg.image_size
-  return models.build(cfg.model, (size, size, 3), n_classes,
-                      run_options={"bn_momentum": cfg.bn_momentum,
-                                   "bn_synchronized": cfg.sync_batchnorm and replicas > 1},
-                      **models.parse_opts(cfg.model, cfg.model_opts))
+  synchronized = cfg.sync_batchnorm and replicas > 1
+  model = models.build(cfg.model, (size, size, 3), n_classes,
+                       run_options={"bn_momentum": cfg.bn_momentum,
+                                    "bn_synchronized": synchronized},
+                       **models.parse_opts(cfg.model, cfg.model_opts))
+  if cfg.batchnorm == "fused":
+    if synchronized:  # The fused kernel has no cross-replica statistics.
+      print(f"mpt: --batchnorm=fused: BatchNorm is synchronized across {replicas} "
+            "replicas, which only Keras' layer does; keeping Keras' layer", flush=True)
+      return model
+    model, _, kept = fused_bn.with_fused_batchnorm(model)
+    if kept:
+      print(f"mpt: --batchnorm=fused: {kept} BatchNormalization layer(s) kept as "
+            "Keras' (not over the last axis, or without center/scale)", flush=True)
+  return model
 
 
 def train_and_evaluate(cfg: config.Config,
@@ -233,7 +246,7 @@ def train_and_evaluate(cfg: config.Config,
 def _hparams(cfg: config.Config) -> dict[str, Any]:
   return {k: getattr(cfg, k) for k in ("policy", "loop", "model", "batch_size",
                                        "image_size", "jit_compile", "dataset", "strategy",
-                                       "model_opts")}
+                                       "model_opts", "batchnorm")}
 
 
 def inspect_only(cfg: config.Config) -> dict[str, Any]:

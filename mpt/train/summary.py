@@ -58,6 +58,7 @@ def build(run: RunState, status: str, wall_s: float,
   return RunSummary(
       status=status, run_dir=run.run_dir, message=message,
       policy=cfg.policy, loop=cfg.loop, model=cfg.model, model_opts=cfg.model_opts,
+      batchnorm=cfg.batchnorm,
       dataset=cfg.dataset, data_source=data.source,
       image_size=cfg.image_size, batch_size=cfg.batch_size, input_work=cfg.input_work,
       jit_compile=cfg.jit_compile, instrument=cfg.instrument, seed=cfg.seed,

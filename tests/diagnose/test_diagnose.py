@@ -556,6 +556,8 @@ def readme_mismatches(text: str) -> list[tuple[str, str]]:
       "no fast 16-bit path": ["only when no kernel probe was recorded",
                               f"measured >= {d.HIGH_LOSS:g}x float32's time"],
       "no speed-up": [f"high from {d.HIGH_LOSS:g}x"],
+      "BatchNorm cost": [f">= {d.BATCHNORM_TIME_SHARE:.0%} of traced time",
+                         "--batchnorm=fused"],
   }
   return [(finding, w) for finding, words in expected.items() for w in words
           if w not in rows.get(finding, "")]
@@ -617,3 +619,44 @@ def test_cli_diagnoses_a_recorded_run(runs):
   written = json.loads((runs / "f16_custom" / "diagnosis.json").read_text())
   assert written["findings"][0]["id"] == "hardware"
   assert (runs / "f16_custom" / "diagnosis.md").read_text().startswith("# diagnosis of")
+
+
+# --- BatchNorm's cost ---------------------------------------------------------------
+
+def _with_bn_share(run: pathlib.Path, share_each: float) -> pathlib.Path:
+  path = run / "op_stats.json"
+  stats = json.loads(path.read_text())
+  stats["layer_time_share"].update({"bn1": share_each, "bn2": share_each,
+                                    "bn3": share_each})
+  path.write_text(json.dumps(stats))
+  return run
+
+
+def test_batchnorm_cost_fires_from_the_trace_and_names_the_fused_layer(runs):
+  run = _with_bn_share(runs / "bf16_seed", 0.09)  # 27% of traced time in BN layers.
+  report = diagnose.diagnose_run(run)
+  [found] = [f for f in report["findings"] if f["id"] == "batchnorm_cost"]
+  assert found["title"] == "BatchNormalization takes 27% of the traced step"
+  assert "bn1 9.0%" in found["evidence"][0]
+  assert found["next_step"].startswith(f"python -m mpt.main --flagfile={run}/flags.txt "
+                                       "--batchnorm=fused")
+  assert found["based_on"] == ["trace", "dtypes"]
+
+
+def test_batchnorm_cost_shows_the_measured_effect_of_a_fused_sibling(runs):
+  run = _with_bn_share(runs / "bf16_seed", 0.09)
+  shutil.copytree(run, runs / "bf16_fused")
+  ms = json.loads((run / "summary.json").read_text())["ms_per_step"]
+  patch_summary(runs / "bf16_fused", batchnorm="fused", ms_per_step=ms / 2,
+                run_dir=str(runs / "bf16_fused"))
+  [found] = [f for f in diagnose.diagnose_run(run)["findings"]
+             if f["id"] == "batchnorm_cost"]
+  assert "--batchnorm=fused next to it" in found["evidence"][1]
+  assert "(2.00x faster)" in found["evidence"][1] and "sibling runs" in found["based_on"]
+  # The fused run itself has nothing to gain from the switch.
+  assert "batchnorm_cost" not in ids(diagnose.diagnose_run(runs / "bf16_fused"))
+
+
+def test_batchnorm_cost_stays_quiet_below_the_threshold(runs):
+  run = _with_bn_share(runs / "bf16_seed", 0.06)  # 18%
+  assert "batchnorm_cost" not in ids(diagnose.diagnose_run(run))
