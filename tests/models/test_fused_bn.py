@@ -9,9 +9,13 @@ import tensorflow as tf
 from mpt import models
 from mpt.models import fused_bn
 
-# Max abs difference allowed per compute dtype: a few units in the last place of the
-# outputs (unit-variance values), the moving statistics stay float32.
-TOLERANCE = {"float32": 1e-5, "bfloat16": 3e-2, "float16": 4e-3}
+# Max abs difference allowed per compute dtype: about 2 units in the last place of
+# outputs up to ~8 in magnitude (bfloat16 ulp 0.0625 there, float16 0.0039), as either
+# layer may round once more than the other in 16 bits, depending on the CPU's kernel.
+# The moving statistics stay float32.
+TOLERANCE = {"float32": 1e-5, "bfloat16": 1.3e-1, "float16": 8e-3}
+# Gradients and inference outputs, relative to their largest magnitude.
+RELATIVE = {"float32": 4e-5, "bfloat16": 1.2e-1, "float16": 1.6e-2}
 
 
 def _pair(policy):
@@ -48,9 +52,9 @@ def test_training_step_matches_keras(policy):
   np.testing.assert_allclose(tf.cast(y1, tf.float32), tf.cast(y0, tf.float32), atol=tol)
   np.testing.assert_allclose(mm1, mm0, rtol=1e-5)
   np.testing.assert_allclose(mv1, mv0, rtol=1e-4)  # Population variance, as Keras.
-  scale = float(tf.reduce_max(tf.abs(dg0)))
-  np.testing.assert_allclose(dg1, dg0, atol=tol * scale * 4)
-  np.testing.assert_allclose(dx1, dx0, atol=tol * float(tf.reduce_max(tf.abs(dx0))) * 4)
+  rel = RELATIVE[keras.mixed_precision.global_policy().compute_dtype]
+  np.testing.assert_allclose(dg1, dg0, atol=rel * float(tf.reduce_max(tf.abs(dg0))))
+  np.testing.assert_allclose(dx1, dx0, atol=rel * float(tf.reduce_max(tf.abs(dx0))))
 
 
 @pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
@@ -61,7 +65,7 @@ def test_inference_uses_the_moving_statistics(policy):
     layer.moving_variance.assign(np.linspace(0.5, 4, 8).astype("float32"))
   tol = TOLERANCE[keras.mixed_precision.global_policy().compute_dtype]
   np.testing.assert_allclose(tf.cast(fused(x, training=False), tf.float32),
-                             tf.cast(ref(x, training=False), tf.float32), atol=tol * 4)
+                             tf.cast(ref(x, training=False), tf.float32), atol=tol)
 
 
 def test_every_registered_model_swaps_and_keeps_its_shape_and_weights_count():
