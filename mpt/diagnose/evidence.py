@@ -73,22 +73,28 @@ def check_folder(path: pathlib.Path) -> str:
   return "run"
 
 
-def find_baseline(run_dir: pathlib.Path, summary: dict[str, Any]) -> dict[str, Any] | None:
-  """The newest completed float32 run of the same configuration next to `run_dir`."""
-  if summary.get("policy") == "float32":
-    return None
-  found = []
+def _neighbours(run_dir: pathlib.Path):
+  """(mtime, summary dict) of each completed, timed run next to `run_dir`."""
   for path in run_dir.parent.glob("*/summary.json"):
     if path.parent == run_dir:
       continue
     try:
       other = summary_lib.read(path).to_dict()
-    except UserError:  # Not a summary: not a baseline either.
+    except UserError:  # Not a summary: not a comparison either.
       continue
-    if (other.get("policy") == "float32" and other.get("status") == "completed"
-        and other.get("ms_per_step")
-        and all(other.get(k) == summary.get(k) for k in SAME)):
-      found.append((other.get("loop") == summary.get("loop"), path.stat().st_mtime, other))
+    if other.get("status") == "completed" and other.get("ms_per_step"):
+      yield path.stat().st_mtime, other
+
+
+def find_baseline(run_dir: pathlib.Path, summary: dict[str, Any]) -> dict[str, Any] | None:
+  """The newest completed float32 run of the same configuration next to `run_dir`
+  (the same loop preferred)."""
+  if summary.get("policy") == "float32":
+    return None
+  found = [(other.get("loop") == summary.get("loop"), mtime, other)
+           for mtime, other in _neighbours(run_dir)
+           if other.get("policy") == "float32"
+           and all(other.get(k) == summary.get(k) for k in SAME)]
   return max(found, key=lambda f: f[:2])[2] if found else None
 
 
@@ -96,18 +102,9 @@ def find_other_batchnorm(run_dir: pathlib.Path,
                          summary: dict[str, Any]) -> dict[str, Any] | None:
   """The newest completed run next to `run_dir` that differs only in --batchnorm."""
   same = [k for k in SAME if k != "batchnorm"] + ["policy", "loop"]
-  found = []
-  for path in run_dir.parent.glob("*/summary.json"):
-    if path.parent == run_dir:
-      continue
-    try:
-      other = summary_lib.read(path).to_dict()
-    except UserError:
-      continue
-    if (other.get("status") == "completed" and other.get("ms_per_step")
-        and other.get("batchnorm") != summary.get("batchnorm")
-        and all(other.get(k) == summary.get(k) for k in same)):
-      found.append((path.stat().st_mtime, other))
+  found = [(mtime, other) for mtime, other in _neighbours(run_dir)
+           if other.get("batchnorm") != summary.get("batchnorm")
+           and all(other.get(k) == summary.get(k) for k in same)]
   return max(found, key=lambda f: f[0])[1] if found else None
 
 
