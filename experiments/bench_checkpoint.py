@@ -23,9 +23,9 @@ def main(argv):
   del argv
   rows = []
   for every in map(int, FLAGS.every):
-    s = benchlib.run_cell(FLAGS.out, f"every{every}", checkpoint_every=every,
-                          loop="custom", image_size=64, batch_size=32, epochs=2,
-                          synthetic_val=100)
+    s = benchlib.run_cell(FLAGS.out, f"every{every}", checkpoint="true",
+                          checkpoint_every=every, loop="custom", image_size=64,
+                          batch_size=32, epochs=2, synthetic_val=100)
     c = s["checkpoint_ms"]
     rows.append((every, c["saves"], c["median"], c["total"] / 1e3, s["train_s"],
                  s["ms_per_step"]))

@@ -21,6 +21,7 @@ def run_cell(out: str, name: str, workers: int = 1, **flags) -> dict:
   cluster on 127.0.0.1 (TF_CONFIG set for each); the chief's summary is returned.
   """
   name = f"{name}_{time.strftime('%H%M%S')}"
+  flags = {"checkpoint": "false", **flags}  # A benchmark cell is never resumed.
   cmd = [sys.executable, "-m", "mpt.main", "--verbose=0", f"--logdir={out}",
          f"--run_name={name}"] + [f"--{k}={v}" for k, v in flags.items()]
   if workers > 1:

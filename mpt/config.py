@@ -3,11 +3,12 @@
 `Config` holds what one training run needs, grouped in the order a run uses it; its
 field names are the command-line flag names. The other modes' flags are their own
 dataclasses (mpt/sweep/options.py, mpt/microbench/options.py,
-mpt/diagnose/options.py), built with the same `flag()` and checked by the same
-`validate()`; mpt/main.py defines one absl flag per field of all of them. Tests build
-a `Config(...)` directly, and a run writes its Config back out as a replayable
-flagfile (flags.txt). Defaults are sized for a laptop CPU: `python -m mpt.main` trains
-the seed convnet on the generated synthetic data in about a minute on 2 cores.
+mpt/diagnose/options.py, mpt/compare/options.py), built with the same `flag()` and
+checked by the same `validate()`; mpt/main.py defines one absl flag per field of all
+of them. Tests build a `Config(...)` directly, and a run writes its Config back out as
+a replayable flagfile (flags.txt). Defaults are sized for a laptop CPU: `python -m
+mpt.main` trains the seed convnet on the generated synthetic data in about a minute on
+2 cores.
 """
 
 import dataclasses
@@ -21,10 +22,13 @@ STRATEGIES = ("default", "mirrored", "multi_worker", "tpu")
 # Flags of the other modes (and --mode itself). A run's flags.txt written before the
 # modes had their own options lists them all; reading one ignores them. A test checks
 # this against the options classes.
+# Flags added after runs were recorded, and the value a run without them had (a
+# flags.txt without --batchnorm ran Keras' layer, whatever the default is now).
+FLAGS_ADDED_LATER = {"batchnorm": "keras", "checkpoint": True}
 OTHER_MODES_FLAGS = frozenset({
     "mode", "run", "batch_sizes", "policies", "loops", "image_sizes", "models",
     "jit_compiles", "cell_timeout", "force", "microbench_sizes", "microbench_dtypes",
-    "quick", "compare_python"})
+    "quick", "compare_python", "runs", "out"})
 
 
 def flag(default: Any, help: str, choices: tuple[str, ...] | None = None,
@@ -44,12 +48,15 @@ class Config:
                        choices=POLICIES)
   loop: str = flag("fit", "Who drives the train step: Keras `fit`, or mpt's own "
                      "tf.function loop (`custom`).", choices=LOOPS)
-  model: str = flag("seed_convnet", "Model variant from the registry in "
-                      "mpt/models.py.")
+  model: str = flag("seed_convnet", "Model: a variant from the registry in "
+                      "mpt/models/, keras:NAME (keras.applications) or "
+                      "package.module:function (your builder).")
+  # Fused by default: experiments/bench_peer.py measured it faster than Keras' layer
+  # (experiments/README.md) and tests/models/test_fused_bn.py holds it equivalent.
   batchnorm: str = flag(
-      "keras", "BatchNormalization layers: `keras` (Keras' own layer, separate float32 "
-      "ops) or `fused` (TF's fused kernel, oneDNN on CPU; same variables and math, "
-      "mpt/models/fused_bn.py). With synchronized BatchNorm across replicas Keras' "
+      "fused", "BatchNormalization layers: `fused` (TF's fused kernel, oneDNN on CPU; "
+      "Keras' variables and math, mpt/models/fused_bn.py) or `keras` (Keras' own layer, "
+      "separate float32 ops). With synchronized BatchNorm across replicas Keras' "
       "layer is kept.", choices=("keras", "fused"))
   model_opts: str = flag("", "Options of the --model builder, "
                            "`key=value,key=value` (e.g. resnet: depth=10,width=32).")
@@ -137,6 +144,9 @@ class Config:
   verbose: int = flag(1, "Keras progress bar: 0 silent, 1 bar, 2 one line per "
                         "epoch.", lower_bound=0)
 
+  checkpoint: bool = flag(True, "Save checkpoints (every --checkpoint_every steps, at "
+                           "epoch ends, on interruption). --checkpoint=false writes "
+                           "none: the run cannot be resumed, as summary.json says.")
   checkpoint_every: int = flag(100, "Steps between checkpoints (also saved at each "
                                  "epoch end and on interruption); 0 = epoch ends only.",
                                  lower_bound=0)
@@ -225,6 +235,9 @@ def from_flagfile(text: str) -> Config:
     if name not in types:
       raise UserError(f"unknown flag --{name} in flags file")
     values[name] = value
+  # Written before these flags existed: the run had what they now call these values.
+  for name, then in FLAGS_ADDED_LATER.items():
+    values.setdefault(name, then)
   return Config(**values)
 
 

@@ -2,7 +2,7 @@
 batch size N (under POLICY only, if given) the way a sweep cell can end badly, right
 before its first step, so that the sweep's handling of every ending can be tested and
 shown: `oom`, `kill`, `fail`. Like `--fault_factor` for one run (mpt/train/guards.py), it is
-documented in the README; unset, it costs nothing.
+documented in docs/usage.md; unset, it costs nothing.
 
 TensorFlow is imported only to raise its error, so the sweep (which imports no
 TensorFlow) can check the variable before its first cell.

@@ -5,41 +5,48 @@
   python -m mpt.main --flagfile=experiments/seed.flags
 
 Every flag is a field of one options dataclass: `mpt.config.Config` (one training
-run), `SweepOptions`, `MicrobenchOptions` or `DiagnoseOptions` (the wings' own), plus
-`--mode`. The wings are imported only when their mode runs, so `--help` and flag errors
-answer without importing TensorFlow. After `train` and `sweep`, the diagnosis runs on
-the folder they wrote. Bad input ends in one `mpt: error: ...` line and exit status 2;
-Ctrl-C in exit status 130 with the run's summary.json written (status `interrupted`), a
-diverged run in exit status 3.
+run), `SweepOptions`, `MicrobenchOptions`, `DiagnoseOptions` or `CompareOptions` (the
+wings' own), plus `--mode`. The wings are imported only when their mode runs, so
+`--help` and flag errors answer without importing TensorFlow. After `train` and
+`sweep`, the diagnosis runs on the folder they wrote. Bad input ends in one `mpt: error:
+...` line and exit status 2; Ctrl-C in exit status 130 with the run's summary.json
+written (status `interrupted`), a diverged run in exit status 3.
 """
 
-import logging as std_logging
 import sys
 
 from absl import app
 from absl import flags
 
-from mpt import config
-from mpt.diagnose.options import DiagnoseOptions
-from mpt.errors import UserError
-from mpt.microbench.options import MicrobenchOptions
-from mpt.sweep.options import SweepOptions
+from mpt import console
+
+console.quiet_tensorflow()  # Before any wing imports TensorFlow.
+
+from mpt import config  # noqa: E402
+from mpt.compare.options import CompareOptions  # noqa: E402
+from mpt.diagnose.options import DiagnoseOptions  # noqa: E402
+from mpt.errors import UserError  # noqa: E402
+from mpt.microbench.options import MicrobenchOptions  # noqa: E402
+from mpt.sweep.options import SweepOptions  # noqa: E402
 
 FLAGS = flags.FLAGS
 
 
 def _train(cfg, opts):
+  console.import_tensorflow()
   from mpt.diagnose import diagnosis
   from mpt.train import run
   return run.train_and_evaluate(cfg, after_run=diagnosis.after_run)
 
 
 def _inspect(cfg, opts):
+  console.import_tensorflow()
   from mpt.train import run
   return run.inspect_only(cfg)
 
 
 def _microbench(cfg, opts):
+  console.import_tensorflow()
   from mpt.microbench import run
   return run.run(cfg, opts[MicrobenchOptions])
 
@@ -55,11 +62,17 @@ def _diagnose(cfg, opts):
   return diagnosis.run(opts[DiagnoseOptions])
 
 
+def _compare(cfg, opts):
+  from mpt.compare import run
+  return run.run(opts[CompareOptions])
+
+
 # THE mode table. Each entry imports its wing when it runs. `train` and `sweep` get
 # the diagnosis as their after-run step (a wing never imports another wing).
 MODES = {"train": _train, "inspect": _inspect, "microbench": _microbench,
-         "sweep": _sweep, "diagnose": _diagnose}
-OPTIONS = (config.Config, SweepOptions, MicrobenchOptions, DiagnoseOptions)
+         "sweep": _sweep, "diagnose": _diagnose, "compare": _compare}
+OPTIONS = (config.Config, SweepOptions, MicrobenchOptions, DiagnoseOptions,
+           CompareOptions)
 EXIT_CODES = {"completed": 0, "interrupted": 130, "diverged": 3}
 # With --resume a run continues with the flags it was started with; only these may be
 # given along with it.
@@ -76,7 +89,8 @@ def _define_flags() -> None:
   flags.DEFINE_enum(
       "mode", "train", list(MODES), "`train` a model, `inspect` its per-layer dtypes "
       "and FLOPs without training, `microbench` the CPU and TensorFlow, `sweep` batch "
-      "sizes x policies x loops, or `diagnose` an existing run or sweep folder (--run).")
+      "sizes x policies x loops, `diagnose` an existing run or sweep folder (--run), or "
+      "`compare` finished runs in one table (--runs).")
   for f in all_fields():
     meta, default = f.metadata, f.default
     if meta["choices"]:
@@ -96,9 +110,9 @@ _define_flags()
 
 
 def main(argv: list[str]) -> int:
-  # TensorFlow's own INFO lines (each all-reduce traced, each checkpoint's sharding
-  # callback) drown mpt's; its warnings and errors still show.
-  std_logging.getLogger("tensorflow").setLevel(std_logging.WARNING)
+  # absl at WARNING (TF logs each checkpoint's sharding and each traced all-reduce
+  # through it) unless -v/--verbosity asks for more.
+  console.quiet_absl(FLAGS["verbosity"].present)
   if len(argv) > 1:
     print(f"mpt: error: unexpected arguments {argv[1:]}; flags look like "
           "--name=value", file=sys.stderr)

@@ -16,7 +16,6 @@ import dataclasses
 import pathlib
 from typing import Any
 
-from absl import logging
 
 from mpt.diagnose import detectors
 from mpt.diagnose import evidence
@@ -88,8 +87,7 @@ def after_run(folder: pathlib.Path) -> str | None:
   try:
     return report.format_report(diagnose_folder(folder), markdown=True)
   except Exception as e:  # pylint: disable=broad-except
-    logging.error("diagnosis failed (the run's outputs are complete): %s", e)
-    print(f"mpt: diagnosis failed: {e}", flush=True)
+    print(f"mpt: diagnosis failed (the run's outputs are complete): {e}", flush=True)
     return None
 
 

@@ -30,8 +30,7 @@ from mpt.records import summary as summary_lib
 
 REQUIRED = ("summary.json", "flags.txt")
 # A float32 run is comparable when these match (the loop is preferred, not required).
-SAME = ("model", "model_opts", "image_size", "batch_size", "dataset", "strategy",
-        "jit_compile", "device", "input_work", "batchnorm")
+SAME = summary_lib.SAME_CONFIG
 
 
 @dataclasses.dataclass

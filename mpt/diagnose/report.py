@@ -78,15 +78,24 @@ def _kernels(k: dict[str, Any]) -> str:
 
 
 def format_findings(findings: list[dict[str, Any]], markdown: bool) -> list[str]:
-  """Numbered findings with their evidence, threshold and next step."""
+  """Numbered findings with their evidence and next step; Markdown (diagnosis.md, the
+  run's TensorBoard text) also gives each one's threshold, while the terminal keeps
+  to what to read and do, with what it was based on in its title line."""
   lines = []
   for i, g in enumerate(findings, 1):
     title = f"{i}. [{g['severity']}] {g['title']}"
-    lines.append(f"## {title}" if markdown else title)
+    # A diagnosis.json written before findings said what they were based on has none.
+    based = ", ".join(g.get("based_on") or [])
+    if markdown:
+      lines.append(f"## {title}")
+    else:
+      lines.append(title + (f" (based on: {based})" if based else ""))
     lines += [f"   - {e}" for e in g["evidence"]]
-    lines += [f"   threshold: {g['threshold']}", f"   next: {g['next_step']}"]
-    if g.get("based_on"):  # A diagnosis.json written before findings said so has none.
-      lines.append(f"   based on: {', '.join(g['based_on'])}")
+    if markdown:
+      lines.append(f"   threshold: {g['threshold']}")
+    lines.append(f"   next: {g['next_step']}")
+    if markdown and based:
+      lines.append(f"   based on: {based}")
   return lines
 
 

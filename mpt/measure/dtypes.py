@@ -179,3 +179,23 @@ def format_table(report: dict[str, Any], markdown: bool = False) -> str:
       + ("match" if report["gradients_match_variables"] else "MISMATCH"),
   ]
   return "\n".join(lines)
+
+
+def one_line(report: dict[str, Any]) -> str:
+  """The report in one line, for the terminal before training (the table is in
+  dtypes.json, TensorBoard's inspect/dtypes and --mode=inspect)."""
+  head = (f"mpt: dtypes: {report['params']:,} parameters, "
+          f"{report['forward_flops_per_example'] / 1e6:.1f} MFLOPs forward per example")
+  if report["policy"] == "float32":
+    parts = [head, "all in float32"]
+  else:
+    f32 = report["float32_layers"]
+    parts = [head, f"{report['flops_share_16bit']:.1%} of them in 16-bit",
+             f"{len(f32)} float32 layer(s)" + (
+                 f" ({', '.join(l['name'] for l in f32[:3])}"
+                 f"{', ...' if len(f32) > 3 else ''})" if f32 else "")]
+  misaligned = report["misaligned_layers"]
+  if misaligned:
+    parts.append(f"{report['misaligned_flops_share']:.1%} in layers not aligned to 8 "
+                 f"({', '.join(misaligned[:3])}{', ...' if len(misaligned) > 3 else ''})")
+  return "; ".join(parts)

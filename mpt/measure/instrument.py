@@ -12,7 +12,9 @@ Tags are identical for both loops, grouped by slash:
   every N steps:  perf/step_time_ms, perf/data_wait_ms, perf/images_per_sec,
                   perf/tflops, precision/loss_scale, precision/skipped_steps, util/...
   at the end:     final/ms_per_step, final/images_per_sec, final/val_accuracy (the
-                  HParams dashboard's metrics), with the run's hparams.
+                  HParams dashboard's metrics)
+  at the start:   the run's hparams and the dashboards' declarations
+                  (mpt/measure/dashboards.py)
 """
 
 import statistics
@@ -22,8 +24,8 @@ from typing import Any, Callable
 import keras
 import numpy as np
 import tensorflow as tf
-from tensorboard.plugins.hparams import api as hp
 
+from mpt.measure import dashboards
 from mpt.measure.sampler import Sampler
 
 
@@ -123,8 +125,7 @@ class ScalarWriter(keras.callbacks.Callback):
     with self.writer.as_default(step=0):
       for tag, text in self.texts.items():
         tf.summary.text(tag, text)
-      if self.hparams:
-        hp.hparams(self.hparams)
+      dashboards.write(self.hparams)
 
   def on_train_batch_end(self, batch, logs=None):
     step = self.timer.steps
@@ -153,7 +154,7 @@ class ScalarWriter(keras.callbacks.Callback):
   def write_final(self, summary: dict[str, Any]) -> None:
     """The HParams dashboard's metrics: the run's headline figures, at its last step."""
     with self.writer.as_default(step=self.timer.steps):
-      for key in ("ms_per_step", "images_per_sec", "val_accuracy"):
+      for key in dashboards.FINAL:
         if summary.get(key) is not None:
           tf.summary.scalar(f"final/{key}", summary[key])
 

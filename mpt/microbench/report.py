@@ -127,22 +127,57 @@ def format_report(r: dict[str, Any], other: dict[str, Any] | None = None,
   return f"```\n{text}\n```" if markdown else text
 
 
+def plot(r: dict[str, Any], path: pathlib.Path) -> str:
+  """microbench.png: matmul GFLOP/s vs size, a line per library and dtype, the conv2d
+  rates as points at their size, and each dtype's estimated peak as a dashed line
+  (optional matplotlib). Returns the file name, or why there is none."""
+  try:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+  except ImportError:
+    return "plot skipped: matplotlib is not installed (pip install matplotlib)"
+  rows = [x for x in r["throughput"] if x.get("gflops")]
+  if not rows:
+    return "plot skipped: nothing measured"
+  fig, ax = plt.subplots(figsize=(8, 4.5))
+  colours = {}
+  for lib, dtype in sorted({(x["lib"], x["dtype"]) for x in rows}):
+    gemm = sorted((x["size"], x["gflops"]) for x in rows if x["op"] == "matmul"
+                  and (x["lib"], x["dtype"]) == (lib, dtype) and isinstance(x["size"], int))
+    if gemm:
+      line, = ax.plot(*zip(*gemm), "o-" if lib == "tensorflow" else "s:",
+                      label=f"matmul {lib} {dtype}")
+      colours[dtype] = colours.get(dtype, line.get_color())
+  for x in rows:
+    if x["op"] != "matmul":
+      ax.scatter([x.get("flops_size") or 256], [x["gflops"]], marker="x",
+                 color=colours.get(x["dtype"], "k"), label=f"{x['op']} {x['dtype']}")
+  for dtype, c in (r.get("ceilings") or {}).items():
+    if c.get("estimate_gflops"):
+      ax.axhline(c["estimate_gflops"], ls="--", lw=1, color=colours.get(dtype, "grey"),
+                 label=f"{dtype} estimated peak")
+  ax.set_xscale("log", base=2)
+  ax.set_yscale("log")
+  ax.set_xlabel("matrix size n (n x n x n)")
+  ax.set_ylabel("GFLOP/s")
+  ax.set_title(f"{r['cpu']['name']}: measured rates and estimated peaks", fontsize=9)
+  ax.grid(True, alpha=0.3)
+  ax.legend(fontsize=6, ncol=2)
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+  return path.name
+
+
 def write_events(run_dir: pathlib.Path, r: dict[str, Any],
-                 other: dict[str, Any] | None) -> None:
-  """Scalars `microbench/<op>_gflops/<lib>_<dtype>` at step = matrix size, and text."""
+                 other: dict[str, Any] | None) -> str:
+  """The report as text and microbench.png as one image (not a card per figure)."""
   import tensorflow as tf
+  drawn = plot(r, run_dir / "microbench.png")
   with tf.summary.create_file_writer(str(run_dir)).as_default():
-    for row in r["throughput"]:
-      if row.get("gflops") and isinstance(row["size"], int):
-        tf.summary.scalar(f"microbench/{row['op']}_gflops/{row['lib']}_{row['dtype']}",
-                          row["gflops"], step=row["size"])
-      elif row.get("gflops"):
-        tf.summary.scalar(f"microbench/{row['op']}_gflops/{row['lib']}_{row['dtype']}",
-                          row["gflops"], step=0)
-    for row in r["simd"]:
-      tf.summary.scalar(f"microbench/simd_gelements_per_s/{row['op']}_{row['lib']}_"
-                        f"{row['dtype']}", row["elements_per_s"] / 1e9, step=0)
-    for f in r["fma"]:
-      tf.summary.scalar(f"microbench/fma_differ_share/{f['dtype']}", f["differ_share"],
-                        step=0)
     tf.summary.text("microbench/report", format_report(r, other, markdown=True), step=0)
+    if drawn == "microbench.png":
+      image = tf.image.decode_png((run_dir / drawn).read_bytes(), channels=4)
+      tf.summary.image("microbench/rates", image[None], step=0)
+  return drawn

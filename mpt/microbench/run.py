@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 from mpt import config
+from mpt import console
 from mpt.errors import UserError
 from mpt.machine import ceilings
 from mpt.machine import kernels
@@ -77,21 +78,32 @@ def measure(sizes: list[int], dtypes: list[str], quick: bool,
               "mhz": cpu.mhz, "source": cpu.source},
       "isa": cpu.isa(),
       "gpus": gpus,
-      "tensorflow": tfbuild.probe(python),
       "peak": {d: isa.peak_gflops(cpu, d) for d in ("float32", "bfloat16", "float16")},
-      "fma": [fma.fma_accuracy(d, p["fma_n"]) for d in ("float32", "float16")],
       "fma_example": fma.worked_example(),
-      "dot": [fma.dot_accuracy(d, length, n)
-              for d in ("float16", "bfloat16") for length, n in p["dots"]],
-      "simd": throughput.simd(p["simd_n"], min_time=p["min_time"]),
-      "throughput": (throughput.matmul(p["sizes"], dtypes, min_time=p["min_time"]) +
-                     throughput.conv2d(dtypes, min_time=p["min_time"])),
   }
+  # The slow sections, each announced (and timed) as it runs.
+  sections = [
+      ("tensorflow", "TensorFlow's build", lambda: tfbuild.probe(python)),
+      ("fma", "FMA accuracy",
+       lambda: [fma.fma_accuracy(d, p["fma_n"]) for d in ("float32", "float16")]),
+      ("dot", "dot-product accuracy",
+       lambda: [fma.dot_accuracy(d, length, n)
+                for d in ("float16", "bfloat16") for length, n in p["dots"]]),
+      ("simd", "SIMD throughput", lambda: throughput.simd(p["simd_n"],
+                                                          min_time=p["min_time"])),
+      ("throughput", "matmul and conv2d throughput",
+       lambda: (throughput.matmul(p["sizes"], dtypes, min_time=p["min_time"]) +
+                throughput.conv2d(dtypes, min_time=p["min_time"]))),
+  ]
+  for key, label, fn in sections:
+    with console.phase(f"microbench: {label}"):
+      out[key] = fn()
   # Best measured rates beside the estimates, and whether each estimate holds.
   out["ceilings"] = ceilings.ceilings(out)
   # The kernels TF dispatches per op and dtype, forward and backward (its own child,
   # with ONEDNN_VERBOSE on); training runs read it from the cache for their warning.
-  out["kernels"] = kernels.probe(repeats=1 if quick else 3, python=python)
+  with console.phase("microbench: kernels per op and dtype (ONEDNN_VERBOSE probe)"):
+    out["kernels"] = kernels.probe(repeats=1 if quick else 3, python=python)
   for row in out["throughput"]:
     # TensorFlow's ops ran where the ceilings' estimate applies (the GPU when there is
     # one); numpy's always on the CPU.
@@ -129,7 +141,9 @@ def run(cfg: config.Config, opts: options_lib.MicrobenchOptions) -> dict[str, An
     summary["compare"] = {"python": opts.compare_python, "results": other}
   print(report.format_report(results, other), flush=True)
   rundir.write_json(run_dir / "microbench.json", summary)
-  report.write_events(run_dir, results, other)
+  drawn = report.write_events(run_dir, results, other)
+  if drawn != "microbench.png":
+    print(f"mpt: {drawn}", flush=True)
   cached = rates.save_cache(results)
   kernels.save(results["kernels"])  # This interpreter's TF, this machine's kernels.
   print(f"mpt: wrote {run_dir / 'microbench.json'} (cached as {cached}); "

@@ -14,7 +14,9 @@ start in full precision, as the TensorFlow mixed-precision guide asks.
       return keras.Model(inputs, classifier_head(x, num_classes), name="my_net")
 
 The variants live in convnets.py (seed_convnet, seed_convnet_aligned, resnet,
-mobilenet) and vit.py; README "Adding a model variant" walks through one.
+mobilenet) and vit.py; docs/usage.md "Adding a model variant" walks through one.
+A user's own builder (`--model=package.module:function`) and keras.applications
+(`--model=keras:NAME`) come through external.py, with the same contract.
 """
 
 import inspect
@@ -23,6 +25,7 @@ from typing import Callable
 import keras
 
 from mpt.errors import UserError
+from mpt.models import external
 
 Builder = Callable[..., keras.Model]
 _REGISTRY: dict[str, Builder] = {}
@@ -47,9 +50,13 @@ def names() -> list[str]:
 
 
 def get(name: str) -> Builder:
-  """The builder registered as `name`; UserError listing the valid names if none."""
+  """The builder registered as `name`, or a user's / keras.applications builder for a
+  `module:function` / `keras:NAME` name (models/external.py); UserError if none."""
+  if external.is_external(name):
+    return external.resolve(name)
   if name not in _REGISTRY:
-    raise UserError(f"unknown --model={name!r}; valid: {', '.join(names())}")
+    raise UserError(f"unknown --model={name!r}; valid: {', '.join(names())}, "
+                    "keras:NAME (keras.applications) or package.module:function")
   return _REGISTRY[name]
 
 
@@ -74,7 +81,20 @@ def build(name: str, input_shape: tuple[int, int, int], num_classes: int,
   if unknown:
     raise UserError(f"model {name!r} has no option {unknown[0]!r}; accepted: "
                     f"{', '.join(accepted) or 'none'}")
-  return builder(input_shape, num_classes, **options)
+  model = builder(input_shape, num_classes, **options)
+  if not external.is_external(name):
+    return model
+  return external.float32_output(external.checked(name, model),
+                                 getattr(builder, "logits", False))
+
+
+def _literal(value: str):
+  for kind in (int, float):
+    try:
+      return kind(value)
+    except ValueError:
+      pass
+  return value
 
 
 def parse_opts(name: str, spec: str) -> dict:
@@ -93,7 +113,10 @@ def parse_opts(name: str, spec: str) -> dict:
     if key not in accepted:
       raise UserError(f"model {name!r} has no option {key!r}; accepted: "
                       f"{', '.join(accepted) or 'none'}")
-    kind = type(params[key].default)
+    default = params[key].default
+    # A user's option without a default, or defaulting to None: a number if it reads
+    # as one, else the string.
+    kind = type(default) if default not in (None, inspect.Parameter.empty) else _literal
     try:
       opts[key] = ({"true": True, "false": False}[value.lower()] if kind is bool
                    else kind(value))

@@ -92,9 +92,15 @@ def with_fused_batchnorm(model: keras.Model) -> tuple[keras.Model, int, int]:
       # code from a file); this one is the running model's own function.
       return keras.layers.Lambda(layer.function, name=layer.name,
                                  dtype=layer.dtype_policy)
-    # A fresh copy (fresh weights: the model has not trained yet). Reusing the layer
-    # would give it a second graph node, which per-layer inspection cannot tell apart.
+    # A fresh copy (its weights are copied below). Reusing the layer would give it a
+    # second graph node, which per-layer inspection cannot tell apart.
     return layer.__class__.from_config(layer.get_config())
 
   fused = keras.models.clone_model(model, clone_function=clone)
+  # The original's weights, so that the same --seed starts from the same point under
+  # either BatchNorm (the fused layer's are gamma, beta, moving mean and variance, in
+  # Keras' order).
+  for new, old in zip(fused.layers, model.layers):
+    if old.weights:
+      new.set_weights(old.get_weights())
   return fused, counts["replaced"], counts["kept"]

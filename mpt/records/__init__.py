@@ -1,5 +1,5 @@
 """Ground floor: the files that cross between parts, each with one typed owner.
 
 rundir.py (run folders, atomic JSON), summary.py (RunSummary: summary.json),
-cells.py (Cell: one sweep.csv row).
+cells.py (Cell: one sweep.csv row), runs.py (Row: one runs.csv line per training run).
 """

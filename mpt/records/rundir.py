@@ -10,6 +10,7 @@ import datetime
 import json
 import os
 import pathlib
+import re
 from typing import Any
 
 from mpt.config import Config
@@ -21,7 +22,9 @@ def default_name(cfg: Config, mode: str = "train") -> str:
   if mode == "microbench":  # Measures the machine, not a model or a policy.
     return f"{stamp}_microbench"
   what = cfg.loop if mode == "train" else mode
-  return f"{stamp}_{cfg.model}_{cfg.policy}_{what}"
+  # `keras:ResNet50` -> keras-ResNet50, `my.nets:tiny` -> my.nets-tiny: a folder name.
+  model = re.sub(r"[^\w.-]+", "-", cfg.model)
+  return f"{stamp}_{model}_{cfg.policy}_{what}"
 
 
 def check_root(cfg: Config) -> None:

@@ -18,6 +18,11 @@ from mpt.records import rundir
 
 SCHEMA_VERSION = 2
 STATUSES = ("completed", "interrupted", "diverged", "failed")
+# Two runs are the same configuration, apart from their policy and loop, when these
+# fields are equal: a float32 run so is the baseline of a 16-bit one (the diagnosis'
+# and `--mode=compare`'s speed-up vs float32).
+SAME_CONFIG = ("model", "model_opts", "image_size", "batch_size", "dataset", "strategy",
+               "jit_compile", "device", "input_work", "batchnorm")
 Stats = dict[str, Any]
 
 
@@ -44,6 +49,7 @@ class RunSummary:
   seed: int = 0
   deterministic: bool = False
   resumed: bool = False
+  checkpoints: bool = True  # False: --checkpoint=false, the run cannot be resumed.
   compute_dtype: str | None = None
   variable_dtype: str | None = None
   # How far it got.

@@ -31,9 +31,11 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from typing import Any, Callable
 
 from mpt import config
+from mpt import console
 from mpt import injection
 from mpt.errors import UserError
 from mpt.records import cells as cells_lib
@@ -54,8 +56,9 @@ BOOKKEEPING = ("run_name", "verbose", "logdir", "force", "cell_timeout")
 OTHER_MODES_IN_NAME = {"run": "", "microbench_sizes": "256,512,1024,2048",
                        "microbench_dtypes": "float32,bfloat16,float16", "quick": False,
                        "compare_python": ""}
-# Flags added after the naming scheme: at their default they leave the name as it was.
-NEWER_FLAGS = ("batchnorm",)
+# Flags added after the naming scheme: at the value sweeps had before they existed
+# (config.FLAGS_ADDED_LATER) they leave the name as it was.
+NEWER_FLAGS = config.FLAGS_ADDED_LATER
 FINISHED = ("ok", "OOM")
 # mpt/main.py's step after the sweep: the diagnosis of the folder (Markdown, or None).
 AfterRun = Callable[[pathlib.Path], str | None]
@@ -116,7 +119,8 @@ def sweep_dir(cfg: config.Config, opts: SweepOptions) -> pathlib.Path:
   for options in (cfg, opts):
     defining.update({f.name: getattr(options, f.name) for f in config.fields(options)
                      if f.name not in BOOKKEEPING and not
-                     (f.name in NEWER_FLAGS and getattr(options, f.name) == f.default)})
+                     (f.name in NEWER_FLAGS and
+                      getattr(options, f.name) == NEWER_FLAGS[f.name])})
   digest = hashlib.sha1(repr(sorted(defining.items())).encode()).hexdigest()[:8]
   return pathlib.Path(cfg.logdir).expanduser() / f"sweep-{digest}"
 
@@ -124,8 +128,10 @@ def sweep_dir(cfg: config.Config, opts: SweepOptions) -> pathlib.Path:
 def _cell_flags(cfg: config.Config, cell: Cell, out: pathlib.Path) -> list[str]:
   """The child's flags: the sweep's Config with the cell's value on each axis."""
   axes = {field: getattr(cell, field) for field, _ in AXES.values()}
+  # No checkpoints: a cell is never resumed (a rerun starts clean), and a sweep's
+  # cells would otherwise leave megabytes each.
   run = dataclasses.replace(cfg, run_name=cell.id, logdir=str(out / "cells"),
-                            verbose=0, **axes)
+                            verbose=0, checkpoint=False, **axes)
   return config.to_flagfile(run).splitlines()
 
 
@@ -196,6 +202,7 @@ def run(cfg: config.Config, opts: SweepOptions,
   # inherited as ignored, as it is for a job started with `&` from a script or CI
   # runner: Python then installs no KeyboardInterrupt handler of its own.
   previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+  started, ran, to_run = time.perf_counter(), 0, len(todo) - len(done)
   try:
     for i, cell in enumerate(todo, 1):
       if cell.id in done:
@@ -204,7 +211,10 @@ def run(cfg: config.Config, opts: SweepOptions,
       print(f"mpt: cell {i}/{len(todo)} {cell.id} ...", end=" ", flush=True)
       cell = dataclasses.replace(run_cell(cfg, cell, out, opts.cell_timeout or None),
                                  **env)
-      print(f"{cell.ms:.1f} ms/step" if cell.ms else cell.status, flush=True)
+      ran += 1
+      left = console.eta(ran, to_run, time.perf_counter() - started)
+      print((f"{cell.ms:.1f} ms/step" if cell.ms else cell.status) +
+            (f" ({left})" if left else ""), flush=True)
       cells_lib.append_csv(csv_path, cell)
       results.append(cell)
       if cell.status == "interrupted":

@@ -14,11 +14,13 @@ before the checkpoint is written, a signal stops the run after it.
 """
 
 import dataclasses
+import statistics
 from typing import Any, Callable
 
 import keras
 import tensorflow as tf
 
+from mpt import console
 from mpt.config import Config
 from mpt.measure import instrument
 from mpt.measure import profiler
@@ -53,12 +55,14 @@ class RunCallbacks:
   stop: guards.SignalStop
   faults: guards.FaultInjector | None = None
   window: profiler.ProfileWindow | None = None
+  lines: keras.callbacks.Callback | None = None  # A line per epoch off a terminal.
   loss_factor: tf.Variable | None = None  # What the fault injector sets, or None.
 
   @property
   def ordered(self) -> list[keras.callbacks.Callback]:
     first = [c for c in (self.counter, self.window, self.faults) if c is not None]
-    return first + [self.timer, self.writer, self.guard, self.checkpoints, self.stop]
+    last = [self.lines] if self.lines else []
+    return first + [self.timer, self.writer, self.guard, self.checkpoints, self.stop] + last
 
 
 def make(cfg: Config, *, out_dir: str, profile_dir: str, start_step: int,
@@ -84,8 +88,11 @@ def make(cfg: Config, *, out_dir: str, profile_dir: str, start_step: int,
                                  cfg.min_loss_scale)
   checkpoints = checkpoint.CheckpointCallback(
       ckpt, cfg.checkpoint_every, steps_per_epoch, lambda: counter.done,
-      lambda: state(timer))
+      lambda: state(timer), enabled=cfg.checkpoint)
   found = RunCallbacks(counter, timer, writer, guard, checkpoints, guards.SignalStop())
+  found.lines = console.epoch_lines(
+      cfg.verbose, cfg.epochs,
+      lambda n: statistics.median(timer.durations_ms[-n:] or [0.0]))
   if fault_window:
     found.loss_factor = tf.Variable(1.0, trainable=False, dtype=tf.float32)
     found.faults = guards.FaultInjector(found.loss_factor, cfg.fault_factor,

@@ -22,7 +22,6 @@ import pathlib
 import time
 from typing import Any
 
-from absl import logging
 import keras
 import tensorflow as tf
 
@@ -83,9 +82,8 @@ class Checkpointer:
         self.ckpt.restore(path).assert_existing_objects_matched()
         state = json.loads((self.read_dir / f"state-{step}.json").read_text())
       except Exception as e:  # A damaged file fails in many ways (OpError, IndexError...).
-        logging.warning("checkpoint %s does not restore (%s); trying the one before it",
-                        path, str(e).splitlines()[0][:200])
-        print(f"WARNING: checkpoint {path} does not restore; falling back", flush=True)
+        print(f"WARNING: checkpoint {path} does not restore "
+              f"({str(e).splitlines()[0][:200]}); trying the one before it", flush=True)
         continue
       self.last_saved_step = step
       return int(self.step.numpy()), int(self.epoch.numpy()), state
@@ -98,17 +96,18 @@ class CheckpointCallback(keras.callbacks.Callback):
   `steps()` is the global steps completed (the run's one step counter)."""
 
   def __init__(self, checkpointer: Checkpointer, every: int, steps_per_epoch: int,
-               steps, state_fn):
+               steps, state_fn, enabled: bool = True):
     super().__init__()
     self.ckpt, self.every, self.steps_per_epoch = checkpointer, every, steps_per_epoch
     self.steps, self.state_fn = steps, state_fn
+    self.enabled = enabled  # False: --checkpoint=false, nothing is ever written.
 
   @property
   def step(self) -> int:
     return self.steps()
 
   def save(self) -> str | None:
-    if self.step == self.ckpt.last_saved_step:
+    if not self.enabled or self.step == self.ckpt.last_saved_step:
       return None
     return self.ckpt.save(self.step, self.step // self.steps_per_epoch, self.state_fn())
 

@@ -25,9 +25,10 @@ from typing import Callable
 from absl import logging
 import tensorflow as tf
 
-from mpt.train import synthetic
+from mpt import console
 from mpt.config import Config
 from mpt.errors import UserError
+from mpt.train import synthetic
 
 IMAGE_EXTENSIONS = (".jpeg", ".jpg", ".png", ".bmp", ".gif")
 LAYOUT = "PATH/train/<class>/*.JPEG and PATH/val/<class>/*.JPEG (the imagenette2-320 layout)"
@@ -155,8 +156,12 @@ def _resize_cache_count(source, cfg: Config, split: str):
   if cfg.cache != "none":
     ds = ds.cache("" if cfg.cache == "memory" else f"{cfg.cache}_{split}_{size}px")
   seen = set()
-  for _, _, index in ds.batch(256):
-    seen.update(index.numpy().tolist())
+  expected = len(paths) if paths is not None else None
+  with console.phase(f"reading and caching the {split} split at {size} px", expected,
+                     "image") as progress:
+    for _, _, index in ds.batch(256):
+      seen.update(index.numpy().tolist())
+      progress.update(len(seen))
   total = len(paths) if paths is not None else len(seen)
   skipped = [paths[i] for i in range(total) if i not in seen] if paths else []
   for path in skipped[:10]:

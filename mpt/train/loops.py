@@ -22,9 +22,10 @@ from typing import Any, Callable
 import keras
 import tensorflow as tf
 
+from mpt import console
+from mpt.config import Config
 from mpt.train import keras_fit
 from mpt.train import steps as steps_lib
-from mpt.config import Config
 from mpt.train.data import Data
 
 Logs = dict[str, float]
@@ -64,7 +65,8 @@ def run_fit(model: keras.Model, optimizer: keras.optimizers.Optimizer, data: Dat
   epoch, done = divmod(start_step, spe)
   fit = lambda step, first, last, n: model.fit(
       data.train_from(step), initial_epoch=first, epochs=last, steps_per_epoch=n,
-      validation_data=data.val, callbacks=callbacks, verbose=cfg.verbose,
+      validation_data=data.val, callbacks=callbacks,
+      verbose=console.keras_verbose(cfg.verbose),
       shuffle=False)  # The pipeline shuffles; fit cannot.
   if done:  # Resumed mid-epoch: finish that epoch on its own first.
     fit(start_step, epoch, epoch + 1, spe - done)
@@ -93,7 +95,8 @@ def run_custom(model: keras.Model, optimizer: keras.optimizers.Optimizer, data: 
                           strategy=strategy, global_batch=cfg.batch_size)
   val = strategy.experimental_distribute_dataset(data.val)
   callbacks = keras.callbacks.CallbackList(
-      callbacks, add_history=True, add_progbar=cfg.verbose != 0, verbose=cfg.verbose,
+      callbacks, add_history=True, add_progbar=cfg.verbose != 0,
+      verbose=console.keras_verbose(cfg.verbose),
       epochs=cfg.epochs, steps=data.steps_per_epoch, model=model)
   iterator = iter(strategy.experimental_distribute_dataset(data.train_from(start_step)))
   epoch_logs: Logs = {}

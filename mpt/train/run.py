@@ -7,7 +7,8 @@ strategy's scope (restored from the latest checkpoint with `--resume`), inspects
 model's dtypes, runs the chosen loop with the run's callbacks (mpt/train/callbacks.py)
 and a utilisation sampler, and writes the run folder: event files, `flags.txt` (a
 flagfile that replays the run), `dtypes.json`, `checkpoints/` and `summary.json` (the
-chief alone, under multi_worker).
+chief alone, under multi_worker), and appends the run's line to `<logdir>/runs.csv`
+(mpt/records/runs.py).
 
 However the loop ends, events are flushed and summary.json is written, with status
 `completed`; `interrupted` (Ctrl-C or SIGTERM: a checkpoint is saved first, exit 130);
@@ -37,6 +38,7 @@ from mpt.measure import dtypes as dtypes_lib
 from mpt.measure import profiler
 from mpt.measure import sampler as sampler_lib
 from mpt.records import rundir
+from mpt.records import runs as runs_lib
 from mpt.train import autopolicy
 from mpt.train import callbacks as callbacks_lib
 from mpt.train import checkpoint
@@ -57,6 +59,9 @@ def resume_config(cfg: config.Config) -> config.Config:
   if not flags_txt.is_file():
     raise UserError(f"--resume={cfg.resume!r} is not a run folder (no flags.txt)")
   saved = config.from_flagfile(flags_txt.read_text())
+  if not saved.checkpoint:
+    raise UserError(f"--resume={cfg.resume!r}: that run was made with "
+                    "--checkpoint=false and has no checkpoint to resume from")
   return dataclasses.replace(saved, resume=cfg.resume, verbose=cfg.verbose)
 
 
@@ -81,7 +86,8 @@ def _prepare(cfg: config.Config):
     raise UserError("--policy=auto times steps on one machine; with "
                     "--strategy=multi_worker each worker could choose differently: "
                     "give the policy")
-  print(f"mpt: {dist.describe()}", flush=True)
+  if dist.replicas > 1 or cfg.strategy != "default":  # One device: nothing to say.
+    print(f"mpt: {dist.describe()}", flush=True)
   data = data_lib.load(cfg)
   logging.info("data: %s, %d train / %d val images, %d classes, %d skipped files",
                data.source, data.n_train, data.n_val, len(data.class_names),
@@ -165,7 +171,8 @@ def train_and_evaluate(cfg: config.Config,
     with dist.strategy.scope():
       report = dtypes_lib.inspect_model(model, seed=cfg.seed)
     rundir.write_json(out_dir / "dtypes.json", report)
-    logging.info("per-layer dtypes:\n%s", dtypes_lib.format_table(report))
+    if dist.is_chief:
+      print(dtypes_lib.one_line(report), flush=True)
   sampler = sampler_lib.Sampler(cfg.sample_every) \
       if cfg.instrument and dist.is_chief else None
   cbs = callbacks_lib.make(
@@ -206,11 +213,16 @@ def train_and_evaluate(cfg: config.Config,
   except (KeyboardInterrupt, guards.Interrupted):
     status = "interrupted"
     saved = cbs.checkpoints.save() or ckpt.latest
-    message = f"mpt: interrupted at step {cbs.counter.done}; checkpoint {saved}"
+    message = (f"mpt: interrupted at step {cbs.counter.done}; checkpoint {saved}"
+               if cfg.checkpoint else f"mpt: interrupted at step {cbs.counter.done}; "
+               "no checkpoint (--checkpoint=false): this run cannot be resumed")
   except guards.Diverged as e:
     status = "diverged"
     message = (f"mpt: {e}; last good checkpoint: {ckpt.latest or 'none'} "
                f"(resume with --resume={run_dir})")
+  except BaseException as e:  # Failed: summary.json keeps why; the traceback follows.
+    message = f"{type(e).__name__}: {e}".strip().rstrip(":")[:2000]
+    raise
   finally:
     cbs.stop.uninstall()
     if cbs.window:
@@ -221,7 +233,9 @@ def train_and_evaluate(cfg: config.Config,
                                 prior_wall + time.perf_counter() - start, message)
     cbs.writer.write_final(summary.to_dict())
     summary.write(out_dir / "summary.json")
-    if message:
+    if dist.is_chief:  # Its line in <logdir>/runs.csv, whatever the status.
+      runs_lib.record(summary)
+    if message and status != "failed":
       print(message, flush=True)
     if after_run and dist.is_chief and status != "failed":  # A traceback says enough.
       text = after_run(run_dir)
@@ -240,6 +254,8 @@ def train_and_evaluate(cfg: config.Config,
     parts.append(f"val_accuracy {summary.val_accuracy:.3f}")
   parts.append(f"wall {summary.wall_s:.0f} s")
   print(", ".join(parts), flush=True)
+  if dist.is_chief:
+    print(f"mpt: look: tensorboard --logdir {cfg.logdir}", flush=True)
   return summary.to_dict()
 
 

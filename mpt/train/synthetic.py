@@ -18,6 +18,8 @@ import uuid
 
 import numpy as np
 
+from mpt import console
+
 # The real Imagenette classes, in the order of their wnids.
 WNIDS = ("n01440764", "n02102040", "n02979186", "n03000684", "n03028079",
          "n03394916", "n03417042", "n03425413", "n03445777", "n03888605")
@@ -71,22 +73,32 @@ def generate(root: pathlib.Path, n_train: int, n_val: int, px: int,
   The set is drawn into a temporary folder and renamed into place, so a crash or a
   concurrent run never leaves a half-written set behind that later runs would trust.
   """
-  import tensorflow as tf  # Only for JPEG encoding; callers have imported it anyway.
   final = root / f"synthetic-v{VERSION}-seed{seed}-{n_train}x{n_val}-{px}px"
   if final.is_dir():
     return final
   root.mkdir(parents=True, exist_ok=True)
   tmp = root / f".{final.name}.{uuid.uuid4().hex}.tmp"
-  for split_id, (split, n) in enumerate((("train", n_train), ("val", n_val))):
-    for wnid in WNIDS:
-      (tmp / split / wnid).mkdir(parents=True)
-    for i in range(n):
-      label = i % len(WNIDS)
-      rng = np.random.default_rng([seed, split_id, i])
-      jpeg = tf.io.encode_jpeg(draw(label, rng, px), quality=90).numpy()
-      (tmp / split / WNIDS[label] / f"{WNIDS[label]}_{i:06d}.JPEG").write_bytes(jpeg)
+  with console.phase(f"generating the synthetic data set in {root} (once)",
+                     n_train + n_val, "image") as progress:
+    for split_id, (split, n) in enumerate((("train", n_train), ("val", n_val))):
+      _draw_split(tmp, split_id, split, n, px, seed,
+                  lambda i: progress.update(i + 1 + split_id * n_train))
   try:
     os.rename(tmp, final)
   except OSError:  # Another process finished the same set first: use theirs.
     shutil.rmtree(tmp, ignore_errors=True)
   return final
+
+
+def _draw_split(tmp: pathlib.Path, split_id: int, split: str, n: int, px: int,
+                seed: int, done) -> None:
+  import tensorflow as tf  # Only for JPEG encoding; callers have imported it anyway.
+  for wnid in WNIDS:
+    (tmp / split / wnid).mkdir(parents=True)
+  for i in range(n):
+    label = i % len(WNIDS)
+    rng = np.random.default_rng([seed, split_id, i])
+    jpeg = tf.io.encode_jpeg(draw(label, rng, px), quality=90).numpy()
+    (tmp / split / WNIDS[label] / f"{WNIDS[label]}_{i:06d}.JPEG").write_bytes(jpeg)
+    if i % 50 == 49 or i == n - 1:
+      done(i)

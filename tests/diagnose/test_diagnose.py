@@ -216,7 +216,9 @@ def test_sapphire_rapids_float16_names_the_reference_kernel_first(runs):
   assert not [i for i in ids(report) if i.startswith("opportunity")]
   text = diagnose_report.format_report(report)
   assert "1. [high] float16 Conv2DBackpropFilter runs a slow kernel here" in text
-  assert "   based on: sibling runs, probe, flags" in text
+  assert "(based on: sibling runs, probe, flags)" in text
+  assert "   based on: sibling runs, probe, flags" in \
+      diagnose_report.format_report(report, markdown=True)
   assert "kernels:   measured (recorded: tests/data/kernels/intel_spr_amx_recorded.json)" in text
 
 
@@ -486,7 +488,7 @@ def test_sweep_no_speedup_takes_its_reason_and_policy_from_the_cells_kernels(tmp
   assert "Conv2DBackpropFilter runs convolution:ref:any on float16 (oneDNN's reference " \
          "kernel)" in found["evidence"][0]
   assert found["based_on"] == ["sibling runs", "probe"]
-  assert "   based on: sibling runs, probe" in diagnose_report.format_report(report)
+  assert "(based on: sibling runs, probe)" in diagnose_report.format_report(report)
   # Cells whose probe says their kernels are fast: the loss is elsewhere, float32.
   for cell in folder.glob("cells/*_mixed_bfloat16_fit"):
     patch_summary(cell, kernels=kernels_block("zen4", "mixed_bfloat16"))
@@ -528,9 +530,9 @@ def test_sweep_step_time_that_barely_grows_with_the_batch(ms_at_64, fires):
     assert f"batch 16 100.0 ms/step, batch 64 {ms_at_64:.1f} ms/step" in f.evidence[0]
 
 
-def readme_mismatches(text: str) -> list[tuple[str, str]]:
-  """(finding, words) of each threshold the README's table of findings does not state
-  as the code has it."""
+def docs_mismatches(text: str) -> list[tuple[str, str]]:
+  """(finding, words) of each threshold the table of findings in docs/diagnosis.md
+  does not state as the code has it."""
   d = detectors
   rows = {line.split("|")[1].strip(): line for line in text.splitlines()
           if line.startswith("| ")}
@@ -563,8 +565,8 @@ def readme_mismatches(text: str) -> list[tuple[str, str]]:
           if w not in rows.get(finding, "")]
 
 
-def test_readme_states_the_thresholds_the_code_uses():
-  assert readme_mismatches((ROOT / "README.md").read_text()) == []
+def test_docs_state_the_thresholds_the_code_uses():
+  assert docs_mismatches((ROOT / "docs" / "diagnosis.md").read_text()) == []
 
 
 # --- Bad --run, op statistics, the command line ----------------------------------
@@ -595,7 +597,8 @@ def test_after_run_returns_the_markdown_or_none_and_never_raises(runs, tmp_path,
   assert text.startswith("# diagnosis of") and "float16 has no fast path" in text
   assert "mpt: diagnosis of" in capsys.readouterr().out  # Printed for the terminal.
   assert diagnose.after_run(tmp_path / "gone") is None
-  assert "mpt: diagnosis failed: --run=" in capsys.readouterr().out
+  assert "mpt: diagnosis failed (the run's outputs are complete): --run=" in \
+      capsys.readouterr().out
 
 
 def test_an_unreadable_summary_next_to_the_run_is_no_baseline(runs):

@@ -77,6 +77,12 @@ def test_every_registered_model_swaps_and_keeps_its_shape_and_weights_count():
     assert fused.count_params() == model.count_params(), name
     assert fused.output_shape == model.output_shape
     assert not any(isinstance(l, keras.layers.BatchNormalization) for l in fused.layers)
+    # The same starting point as Keras' layers: the same seed compares like with like.
+    for a, b in zip(model.weights, fused.weights):
+      np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=f"{name} {a.path}")
+    x = np.random.default_rng(0).random((2, 32, 32, 3), dtype=np.float32)
+    np.testing.assert_allclose(fused(x, training=False), model(x, training=False),
+                               rtol=1e-4, atol=1e-6, err_msg=name)
 
 
 @pytest.mark.parametrize("loop", ["fit", "custom"])

@@ -38,7 +38,7 @@ def test_the_users_command_warns_once_before_step_1_on_spr_evidence(tmp_path):
   for words in ("Conv2DBackpropFilter", "ref:any", "--policy=mixed_bfloat16",
                 "promise a fast float16 path"):
     assert words in warnings[0], (words, warnings[0])
-  run = next((tmp_path / "logs").iterdir())
+  run = next(p for p in (tmp_path / "logs").iterdir() if p.is_dir())  # Not runs.csv.
   summary = json.loads((run / "summary.json").read_text())
   assert summary["slow_path_warning"] == warnings[0][len("WARNING: "):]
   assert summary["kernels"]["evidence"] == "probe" and summary["kernels"]["slow"]

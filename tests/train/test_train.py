@@ -10,6 +10,7 @@ import pytest
 from mpt.train import synthetic
 from mpt.errors import UserError
 from mpt.machine import isa
+from mpt.records import runs
 
 from helpers import ROOT, read_events, read_scalars, tiny_cli, train_run
 
@@ -118,6 +119,11 @@ def test_runs_never_overwrite_each_other(tiny):
   assert first["run_dir"].endswith("/same") and second["run_dir"].endswith("/same-1")
   flags = open(f"{second['run_dir']}/flags.txt").read().split()
   assert "--run_name=same" in flags and "--steps_per_epoch=1" in flags
+  # Each run appended its line to the logbook next to the run folders.
+  rows = runs.read(pathlib.Path(first["run_dir"]).parent / "runs.csv")
+  assert [(r.run_dir, r.status, r.steps) for r in rows] == [
+      (first["run_dir"], "completed", 1), (second["run_dir"], "completed", 1)]
+  assert rows[1].ms_per_step == second["ms_per_step"] and rows[1].batch_size == 8
 
 
 def test_unwritable_logdir_fails_before_any_work(tiny, tmp_path):
@@ -155,6 +161,38 @@ def test_hparams_are_logged_for_the_dashboard(tiny):
              for k, v in data.session_start_info.hparams.items()}
   assert hparams["policy"] == "mixed_bfloat16" and hparams["batch_size"] == 8
   assert {"loop", "model", "image_size", "jit_compile", "dataset"} <= set(hparams)
+  # The experiment: those hparams, and as metrics the final/* scalars and nothing else
+  # (undeclared, TensorBoard would make every scalar tag a metric column).
+  experiment = plugin_data_pb2.HParamsPluginData.FromString(
+      content["_hparams_/experiment"]).experiment
+  assert {h.name for h in experiment.hparam_infos} == set(hparams)
+  metrics = {m.name.tag for m in experiment.metric_infos}
+  assert metrics == {"final/ms_per_step", "final/images_per_sec", "final/val_accuracy"}
+  assert metrics == {t for t in read_scalars(summary["run_dir"])
+                     if t.startswith("final/")}
+  infos = {h.name: h for h in experiment.hparam_infos}
+  policies = [v.string_value for v in infos["policy"].domain_discrete.values]
+  assert "mixed_bfloat16" in policies
+  assert infos["batch_size"].domain_interval.min_value == 1
+
+
+def test_custom_scalars_put_train_and_eval_on_one_chart_each(tiny):
+  import re
+  import tensorflow as tf
+  from tensorboard.backend.event_processing import event_accumulator
+  from tensorboard.plugins.custom_scalar import layout_pb2
+  summary = train_run(tiny(epochs=1, steps_per_epoch=2, instrument=False))
+  acc = event_accumulator.EventAccumulator(summary["run_dir"],
+                                           size_guidance={event_accumulator.TENSORS: 0})
+  acc.Reload()
+  assert "custom_scalars__config__" in acc.PluginTagToContent("custom_scalars")
+  [event] = acc.Tensors("custom_scalars__config__")
+  layout = layout_pb2.Layout.FromString(tf.make_ndarray(event.tensor_proto).item())
+  tags = set(read_scalars(summary["run_dir"]))
+  charts = {c.title: {t for t in tags if any(re.search(r, t) for r in c.multiline.tag)}
+            for category in layout.category for c in category.chart}
+  assert charts == {"loss": {"train/loss", "eval/loss"},
+                    "accuracy": {"train/accuracy", "eval/accuracy"}}
 
 
 @pytest.mark.slow

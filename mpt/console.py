@@ -1,0 +1,141 @@
+"""What mpt prints on the terminal, beside its one-line errors: the quiet defaults of
+TensorFlow's and absl's logging, and progress for the slow phases that would
+otherwise be silent (data generation, the cache fill, microbenchmark sections, sweep
+cells).
+
+A phase shows Keras' progress bar on a terminal and two plain lines (start, end with
+its duration) when the output goes to a file or a pipe, where an animated bar would
+leave escape codes. Nothing here imports TensorFlow.
+"""
+
+import contextlib
+import os
+import re
+import sys
+import tempfile
+import time
+
+
+def is_tty() -> bool:
+  return sys.stdout.isatty()
+
+
+def keras_verbose(verbose: int) -> int:
+  """--verbose for Keras' own progress: off when the output is not a terminal and the
+  default bar (1) was asked for; `epoch_lines` prints a line per epoch instead."""
+  return 0 if verbose == 1 and not is_tty() else verbose
+
+
+def epoch_lines(verbose: int, epochs: int, median_ms):
+  """A callback printing one line per epoch when the output is not a terminal (and
+  --verbose is the default 1), or None. `median_ms(n)`: the median time of the last
+  n steps."""
+  if verbose != 1 or is_tty():
+    return None
+  import keras
+
+  class EpochLines(keras.callbacks.Callback):
+    def on_epoch_begin(self, epoch, logs=None):
+      self.steps = 0
+
+    def on_train_batch_end(self, batch, logs=None):
+      self.steps += 1
+
+    def on_epoch_end(self, epoch, logs=None):
+      figures = ", ".join(f"{k} {v:.4g}" for k, v in (logs or {}).items()
+                          if isinstance(v, (int, float)))
+      print(f"mpt: epoch {epoch + 1}/{epochs}: {self.steps} steps, "
+            f"{median_ms(self.steps):.1f} ms/step, {figures}", flush=True)
+
+  return EpochLines()
+
+
+def quiet_tensorflow() -> None:
+  """TF's C++ INFO lines off unless the user chose a level; call before importing TF."""
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+
+
+# A C++ INFO line of absl's format: `I1203 12:00:00.123456 ...` (TF's own start-up lines
+# carry `I0000 00:00:...`: they are written before its log level is read), and absl's
+# notice that this is so, which TF's two native libraries print once each.
+_INFO_LINE = re.compile(rb"^(I\d{4} |WARNING: All log messages before absl::InitializeLog)")
+
+
+def import_tensorflow() -> None:
+  """Imports TensorFlow with its start-up INFO lines (oneDNN, CUDA stubs) dropped.
+
+  TF 2.21 prints them while importing, before TF_CPP_MIN_LOG_LEVEL applies, so the
+  level alone cannot hide them; everything else it writes to stderr meanwhile is
+  passed on. With TF_CPP_MIN_LOG_LEVEL=0 (the user asked for INFO) nothing is dropped.
+  """
+  if "tensorflow" in sys.modules or os.environ.get("TF_CPP_MIN_LOG_LEVEL") == "0":
+    import tensorflow  # noqa: F401
+    return
+  sys.stderr.flush()
+  saved = os.dup(2)
+  with tempfile.TemporaryFile() as sink:
+    os.dup2(sink.fileno(), 2)
+    try:
+      import tensorflow  # noqa: F401
+    finally:
+      os.dup2(saved, 2)
+      os.close(saved)
+      sink.seek(0)
+      kept = [l for l in sink.read().splitlines(keepends=True) if not _INFO_LINE.match(l)]
+      if kept:
+        os.write(2, b"".join(kept))
+
+
+def quiet_absl(verbosity_given: bool) -> None:
+  """absl (and the TF Python code logging through it: checkpoint sharding, traced
+  all-reduces) at WARNING, unless -v/--verbosity was given."""
+  import logging as std_logging
+  from absl import logging
+  if not verbosity_given:
+    logging.set_verbosity(logging.WARNING)
+  # TF's Python logger: its own INFO lines drown mpt's; warnings still show.
+  std_logging.getLogger("tensorflow").setLevel(std_logging.WARNING)
+
+
+class Phase:
+  """Progress of one phase; `update(done)` as work completes. Off a terminal, one
+  line: the label when the phase starts, `done in N s` appended when it ends."""
+
+  def __init__(self, label: str, total: int | None, unit: str):
+    self.label, self.total, self.unit = label, total, unit
+    self.start = time.perf_counter()
+    self.bar = None
+    if is_tty() and total:
+      import keras  # Only on a terminal, where the bar is drawn.
+      print(f"mpt: {label}", flush=True)
+      self.bar = keras.utils.Progbar(total, unit_name=unit)
+    else:
+      print(f"mpt: {label} ...", end="", flush=True)
+
+  def update(self, done: int) -> None:
+    if self.bar:
+      self.bar.update(min(done, self.total))
+
+  def end(self, note: str = "") -> None:
+    took = time.perf_counter() - self.start
+    if self.bar:
+      self.bar.update(self.total, finalize=True)
+      print(f"mpt: {self.label}: done in {took:.1f} s{note}", flush=True)
+    else:
+      print(f" done in {took:.1f} s{note}", flush=True)
+
+
+@contextlib.contextmanager
+def phase(label: str, total: int | None = None, unit: str = "step"):
+  """`with phase("filling the cache", 1300, "image") as p: ... p.update(n)`."""
+  p = Phase(label, total, unit)
+  yield p
+  p.end()
+
+
+def eta(done: int, total: int, elapsed: float) -> str:
+  """`~3 min left` from the mean time per item so far ('' before the first)."""
+  if not done or done >= total:
+    return ""
+  left = elapsed / done * (total - done)
+  return f"~{left / 60:.0f} min left" if left >= 90 else f"~{left:.0f} s left"

@@ -1,0 +1,106 @@
+"""Builders from outside the registry: a user's own function and keras.applications.
+
+  --model=package.module:function   imports `function` from the user's code; the same
+                                    contract as a registered builder: input shape,
+                                    number of classes and keyword options in, an
+                                    uncompiled keras.Model out, built under the global
+                                    policy (the caller's; a builder never sets it)
+  --model=keras:NAME                keras.applications.NAME(weights=None) at the run's
+                                    image size and classes; its options (alpha, ...)
+                                    come from --model_opts
+
+Both answer bad input with one UserError line saying what was expected. The model's
+output is forced to float32 by mpt/models/__init__.py's `build` when a builder did
+not do it, so the loss starts in full precision under every policy.
+"""
+
+import functools
+import importlib
+import inspect
+import sys
+
+import keras
+
+from mpt.errors import UserError
+
+CONTRACT = ("a function (input_shape, num_classes, **options) returning an uncompiled "
+            "keras.Model")
+# keras.applications arguments that mpt sets itself (the rest are --model_opts).
+_SET_BY_MPT = ("include_top", "weights", "input_tensor", "input_shape", "pooling",
+               "classes", "classifier_activation", "name")
+
+
+def is_external(name: str) -> bool:
+  return ":" in name
+
+
+def resolve(name: str):
+  """The builder `name` (`keras:NAME` or `package.module:function`) stands for."""
+  if name.startswith("keras:"):
+    return keras_application(name.partition(":")[2])
+  module_name, _, attr = name.partition(":")
+  if not module_name or not attr:
+    raise UserError(f"--model={name!r}: expected package.module:function, {CONTRACT}")
+  if "" not in sys.path:  # `mpt` as a console script: the user's folder, as -m has it.
+    sys.path.insert(0, "")
+  try:
+    module = importlib.import_module(module_name)
+  except ImportError as e:
+    raise UserError(f"--model={name!r}: module {module_name!r} does not import ({e}); "
+                    f"expected package.module:function, {CONTRACT}") from None
+  builder = getattr(module, attr, None)
+  if not callable(builder):
+    found = sorted(n for n, v in vars(module).items()
+                   if inspect.isfunction(v) and not n.startswith("_"))
+    raise UserError(f"--model={name!r}: {module_name} has no function {attr!r} "
+                    f"(its functions: {', '.join(found) or 'none'}); expected {CONTRACT}")
+  return builder
+
+
+def application_names() -> list[str]:
+  return sorted(n for n, v in vars(keras.applications).items()
+                if n[:1].isupper() and callable(v))
+
+
+def keras_application(app_name: str):
+  """A builder for keras.applications.`app_name`, untrained, with its own options."""
+  app = getattr(keras.applications, app_name, None)
+  if app_name not in application_names():
+    raise UserError(f"--model=keras:{app_name}: keras.applications has no such model; "
+                    f"valid: {', '.join(application_names())}")
+  params = inspect.signature(app).parameters
+  options = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
+             for n, p in params.items() if n not in _SET_BY_MPT]
+
+  @functools.wraps(app)
+  def build(input_shape, num_classes, **opts):
+    try:
+      # Logits in the policy's dtype; `build` adds the float32 softmax.
+      return app(weights=None, input_shape=tuple(input_shape), classes=num_classes,
+                 classifier_activation=None, **opts)
+    except ValueError as e:  # e.g. an image size below the architecture's minimum.
+      raise UserError(f"--model=keras:{app_name}: {str(e).splitlines()[0]}") from None
+
+  build.__signature__ = inspect.Signature(
+      [inspect.Parameter("input_shape", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+       inspect.Parameter("num_classes", inspect.Parameter.POSITIONAL_OR_KEYWORD)] +
+      options)
+  build.logits = True
+  return build
+
+
+def checked(name: str, model) -> keras.Model:
+  """`model` if it is a Keras model; else UserError saying what the builder returned."""
+  if not isinstance(model, keras.Model):
+    raise UserError(f"--model={name!r} returned {type(model).__name__}, not a "
+                    f"keras.Model; expected {CONTRACT}")
+  return model
+
+
+def float32_output(model: keras.Model, logits: bool) -> keras.Model:
+  """The model with a float32 output: softmax after logits, else a cast if needed."""
+  if not logits and keras.backend.standardize_dtype(model.outputs[0].dtype) == "float32":
+    return model
+  layer = keras.layers.Activation("softmax" if logits else "linear", dtype="float32",
+                                  name="probs" if logits else "output_float32")
+  return keras.Model(model.inputs, layer(model.outputs[0]), name=model.name)

@@ -1,0 +1,137 @@
+"""runs.csv: one line per training run, in the folder that holds the run folders.
+
+`Row` is the one owner of the file's lines: its fields are the columns, `from_summary()`
+takes a run's row from its summary.json record (mpt/records/summary.py), `append()` is
+the only writer and `read()` the only reader. Every training run appends its row when
+it writes summary.json, however it ended (`record()`), so `<logdir>/runs.csv` is the
+logbook of everything run there: `column -s, -t < logs/runs.csv`, or a spreadsheet.
+
+Runs started at once share the file (a sweep's cells, runs in several shells), so a
+row is written under an exclusive `flock` on the file, as one `write` of the whole
+line (and of the header too, when the file was empty). A file written by another mpt
+version keeps its own header: a row is written in that header's column order, with a
+column this version does not have left empty.
+"""
+
+import csv
+import dataclasses
+import datetime
+import fcntl
+import io
+import os
+import pathlib
+import sys
+from typing import Any
+
+from mpt.records.summary import RunSummary
+
+FILE = "runs.csv"
+TRUE = ("true", "1")
+
+
+@dataclasses.dataclass
+class Row:
+  """One training run: when it ended, where, how, what ran, its headline figures."""
+  time: str = ""  # When the run ended: ISO 8601, UTC, to the second.
+  run_dir: str = ""
+  status: str = ""  # completed, interrupted, diverged or failed (summary.json's).
+  model: str = ""
+  model_opts: str = ""
+  policy: str = ""
+  loop: str = ""
+  batch_size: int | None = None
+  image_size: int | None = None
+  jit_compile: bool = False
+  dataset: str = ""
+  device: str = ""
+  steps: int | None = None
+  wall_s: float | None = None
+  ms_per_step: float | None = None
+  images_per_sec: float | None = None
+  val_accuracy: float | None = None
+
+  @classmethod
+  def from_summary(cls, s: RunSummary, time: str | None = None) -> "Row":
+    """The row of the run `s` records; `time` defaults to now."""
+    values = {f.name: getattr(s, f.name) for f in dataclasses.fields(cls)
+              if f.name != "time"}
+    values = {k: v for k, v in values.items() if v is not None}  # Else the default.
+    time = time or datetime.datetime.now(datetime.timezone.utc).isoformat(
+        timespec="seconds")
+    return cls(time=time, **values)
+
+  @classmethod
+  def from_row(cls, row: dict[str, str]) -> "Row":
+    """A CSV row (strings; a missing or empty column takes the default)."""
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+      text = row.get(f.name)
+      if text in ("", None):
+        continue
+      values[f.name] = _PARSE[f.type](text)
+    return cls(**values)
+
+  def to_row(self) -> dict[str, str]:
+    """The CSV row: str() of each value, None as empty; a line break (a path could
+    hold one) as a space, so that a run is always one line of the file."""
+    return {k: "" if v is None else " ".join(str(v).splitlines())
+            for k, v in dataclasses.asdict(self).items()}
+
+
+COLUMNS = tuple(f.name for f in dataclasses.fields(Row))
+# How a column's text is read back, by the field's type.
+_PARSE = {str: str, bool: lambda text: text.lower() in TRUE, int | None: int,
+          float | None: float}
+
+
+def _line(values) -> str:
+  out = io.StringIO()
+  csv.writer(out, lineterminator="\n").writerow(values)
+  return out.getvalue()
+
+
+def append(path: pathlib.Path, row: Row) -> None:
+  """Appends `row` to the CSV at `path` (the header first into a new or empty file),
+  safely while other processes append to it too."""
+  path = pathlib.Path(path)
+  values = row.to_row()
+  fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX)  # Released when fd is closed.
+    if os.fstat(fd).st_size == 0:
+      data = _line(COLUMNS) + _line(values[c] for c in COLUMNS)
+    else:
+      with path.open(newline="") as f:
+        header = next(csv.reader(f), None) or list(COLUMNS)
+      data = _line(values.get(c, "") for c in header)
+    data = data.encode()
+    # One write: with O_APPEND it lands at the end whole; a short one means the disk
+    # is full, an error like any other.
+    if os.write(fd, data) != len(data):
+      raise OSError(f"{path}: short write (disk full?)")
+  finally:
+    os.close(fd)
+
+
+def read(path: pathlib.Path) -> list[Row]:
+  """Every row of the file, in file order; [] if there is no file yet."""
+  path = pathlib.Path(path)
+  if not path.exists():
+    return []
+  with path.open(newline="") as f:
+    return [Row.from_row(row) for row in csv.DictReader(f)]
+
+
+def record(summary: RunSummary) -> pathlib.Path | None:
+  """Appends the run's row to runs.csv next to its folder (in --logdir, or where a
+  resumed run's folder is); returns the file. Never raises: the row is bookkeeping,
+  and the run's own files are already complete when it is written."""
+  if not summary.run_dir:
+    return None
+  path = pathlib.Path(summary.run_dir).resolve().parent / FILE
+  try:
+    append(path, Row.from_summary(summary))
+    return path
+  except Exception as e:  # pylint: disable=broad-except
+    print(f"mpt: could not append to {path}: {e}", file=sys.stderr, flush=True)
+    return None
