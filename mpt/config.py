@@ -24,10 +24,10 @@ STRATEGIES = ("default", "mirrored", "multi_worker", "tpu")
 # this against the options classes.
 # Flags added after runs were recorded, and the value a run without them had (a
 # flags.txt without --batchnorm ran Keras' layer, whatever the default is now).
-FLAGS_ADDED_LATER = {"batchnorm": "keras", "checkpoint": True}
+FLAGS_ADDED_LATER = {"batchnorm": "keras", "checkpoint": True, "force": False}
 OTHER_MODES_FLAGS = frozenset({
     "mode", "run", "batch_sizes", "policies", "loops", "image_sizes", "models",
-    "jit_compiles", "cell_timeout", "force", "microbench_sizes", "microbench_dtypes",
+    "jit_compiles", "cell_timeout", "microbench_sizes", "microbench_dtypes",
     "quick", "compare_python", "runs", "out"})
 
 
@@ -144,6 +144,9 @@ class Config:
   verbose: int = flag(1, "Keras progress bar: 0 silent, 1 bar, 2 one line per "
                         "epoch.", lower_bound=0)
 
+  force: bool = flag(False, "Do it anyway: train when the memory estimate says the "
+                       "step will not fit; in a sweep, also rerun the cells it already "
+                       "holds and start those predicted not to fit.")
   checkpoint: bool = flag(True, "Save checkpoints (every --checkpoint_every steps, at "
                            "epoch ends, on interruption). --checkpoint=false writes "
                            "none: the run cannot be resumed, as summary.json says.")

@@ -10,7 +10,9 @@ wings' own), plus `--mode`. The wings are imported only when their mode runs, so
 `--help` and flag errors answer without importing TensorFlow. After `train` and
 `sweep`, the diagnosis runs on the folder they wrote. Bad input ends in one `mpt: error:
 ...` line and exit status 2; Ctrl-C in exit status 130 with the run's summary.json
-written (status `interrupted`), a diverged run in exit status 3.
+written (status `interrupted`), a diverged run in exit status 3, a run out of memory in
+exit status 4 (status `oom`; a death by signal is recorded by the watching parent,
+mpt/supervisor.py).
 """
 
 import sys
@@ -28,6 +30,7 @@ from mpt.diagnose.options import DiagnoseOptions  # noqa: E402
 from mpt.errors import UserError  # noqa: E402
 from mpt.microbench.options import MicrobenchOptions  # noqa: E402
 from mpt.sweep.options import SweepOptions  # noqa: E402
+from mpt import supervisor  # noqa: E402
 
 FLAGS = flags.FLAGS
 
@@ -73,7 +76,8 @@ MODES = {"train": _train, "inspect": _inspect, "microbench": _microbench,
          "sweep": _sweep, "diagnose": _diagnose, "compare": _compare}
 OPTIONS = (config.Config, SweepOptions, MicrobenchOptions, DiagnoseOptions,
            CompareOptions)
-EXIT_CODES = {"completed": 0, "interrupted": 130, "diverged": 3}
+EXIT_CODES = {"completed": 0, "interrupted": 130, "diverged": 3,
+              "oom": supervisor.OOM_EXIT}
 # With --resume a run continues with the flags it was started with; only these may be
 # given along with it.
 RESUME_FLAGS = {"resume", "verbose", "flagfile"}
@@ -109,7 +113,9 @@ def _define_flags() -> None:
 _define_flags()
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], supervise: bool = False) -> int:
+  """The mode's exit status. `supervise` (the command line): train in a watched child
+  process (mpt/supervisor.py), so that a death by signal still ends in summary.json."""
   # absl at WARNING (TF logs each checkpoint's sharding and each traced all-reduce
   # through it) unless -v/--verbosity asks for more.
   console.quiet_absl(FLAGS["verbosity"].present)
@@ -127,6 +133,8 @@ def main(argv: list[str]) -> int:
       print(f"mpt: error: --resume continues a run with the flags it was started with;"
             f" drop --{', --'.join(extra)}", file=sys.stderr)
       return 2
+  if supervise and FLAGS.mode == "train" and not supervisor.supervised():
+    return supervisor.run(sys.argv)
   try:
     summary = MODES[FLAGS.mode](cfg, opts)
   except UserError as e:
@@ -144,7 +152,7 @@ def run() -> None:
   # is not this module, so name ours as its key flags.
   for name in ["mode"] + [f.name for f in all_fields()]:
     FLAGS.register_key_flag_for_module(sys.argv[0], FLAGS[name])
-  app.run(main)
+  app.run(lambda argv: main(argv, supervise=True))
 
 
 if __name__ == "__main__":

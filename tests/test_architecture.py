@@ -24,7 +24,7 @@ from helpers import ROOT
 PACKAGE = ROOT / "mpt"
 WINGS = {"train", "sweep", "diagnose", "microbench", "compare"}
 GROUND = {"config", "console", "errors", "injection", "records", "machine", "measure",
-          "models"}
+          "models", "supervisor"}
 KERAS_FIT = "mpt.train.keras_fit"
 # Private names that are public API by convention (documented in the standard library).
 ALLOWED_PRIVATE = {("os", "_exit")}

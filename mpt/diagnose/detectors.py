@@ -39,6 +39,7 @@ SMALL_STEP_MS = 30.0         # a step this short is mostly per-op launch overhea
 OTHERS_SHARE = 0.25          # share of the CPU other processes used: a shared machine
 MIN_SCALE = 1.0              # a dynamic loss scale below this has collapsed
 ACHIEVED_VS_MICROBENCH = 0.10  # achieved FLOP rate / measured matmul rate
+MEMORY_DISAGREEMENT = 0.30  # |memory estimate / measured peak - 1|
 SLOWER_THAN_FLOAT32 = 1.0    # 16-bit speed-up over float32 below this: no gain
 HIGH_LOSS = 3.0              # a 16-bit run measured this many times float32's time:
                              # its finding is high and ranked first
@@ -57,6 +58,7 @@ BASES = ("sibling runs",        # a float32 run next to it / the sweep's other c
          "utilisation",         # the CPU/GPU utilisation sampler
          "dtypes",              # dtypes.json: per-layer dtypes, dims and FLOPs
          "loss scale",          # the loss scale and skipped steps
+         "memory",              # the memory estimate and the measured peak
          "microbenchmark",      # --mode=microbench's matmul rates
          "flags",               # the CPU's feature flags (no measurement)
          "compute capability")  # the GPU's compute capability and TF32 switch
@@ -528,6 +530,29 @@ def achieved_rate(ev: Evidence) -> Finding | None:
       ["microbenchmark"] + (["trace"] if (ev.op_stats or {}).get("top_ops") else []))
 
 
+def memory_estimate(ev: Evidence) -> Finding | None:
+  """The preflight's memory estimate and the measured peak disagree by more than
+  MEMORY_DISAGREEMENT: the largest-batch advice before the next run is that far off."""
+  mem = ev.summary.get("memory") or {}
+  ratio = mem.get("estimate_over_measured")
+  if ratio is None or abs(ratio - 1) <= MEMORY_DISAGREEMENT:
+    return None
+  est = mem["estimate"]
+  peak = mem.get("gpu_peak_mb") or mem["peak_rss_mb"]
+  return Finding(
+      "memory_estimate", "low", 0.0,
+      f"memory estimate {ratio:.2f}x the measured peak",
+      f"estimate and measured peak differ by more than {MEMORY_DISAGREEMENT:.0%}",
+      [f"estimated {est['total_mb']:.0f} MB (baseline {est['baseline_mb']:.0f}, "
+       f"activations {est['activations_mb_per_example'] * est['batch_size']:.0f}, "
+       f"parameters, gradients and optimizer "
+       f"{est['parameters_mb'] + est['gradients_mb'] + est['optimizer_mb']:.0f}), "
+       f"measured peak {peak:.0f} MB"],
+      "trust the measured peak: scale the batch by the room it leaves "
+      f"({mem.get('available_mb', 0):.0f} MB were available)",
+      ["memory"])
+
+
 def _where_time_goes(ev: Evidence, advice: bool = True) -> str:
   """The next step when time is lost somewhere: the trace's top ops, or a trace; with
   the kernel probe's measured fastest policy in place of general advice."""
@@ -552,7 +577,7 @@ DETECTORS: dict[str, Callable[[Evidence], Finding | None]] = {
     "low_utilisation": low_utilisation, "shared_machine": shared_machine,
     "misaligned": misaligned, "float32_work": float32_work,
     "batchnorm_cost": batchnorm_cost, "no_speedup": slower_than_float32,
-    "achieved_rate": achieved_rate, "tf32": tf32,
+    "achieved_rate": achieved_rate, "tf32": tf32, "memory_estimate": memory_estimate,
 }
 NEEDS = {"misaligned": "dtypes.json", "float32_work": "dtypes.json",
          "batchnorm_cost": "dtypes.json"}

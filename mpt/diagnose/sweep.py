@@ -139,7 +139,7 @@ def memory(cells: list[Cell]) -> list[detectors.Finding]:
     groups[_key(c)].append(c)
   for key, group in groups.items():
     oom32 = sorted((c.batch_size, c.error) for c in group
-                   if c.policy == "float32" and c.status == "OOM")
+                   if c.policy == "float32" and c.status.startswith("OOM"))
     if not oom32:
       continue
     (oom_batch, error), oom32 = oom32[0], [b for b, _ in oom32]

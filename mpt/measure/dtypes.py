@@ -85,6 +85,7 @@ def inspect_model(model: keras.Model, batch_size: int = 2, seed: int = 0) -> dic
         "compute_dtype": layer.compute_dtype,
         "variable_dtype": layer.variable_dtype,
         "output_dtype": keras.backend.standardize_dtype(out.dtype),
+        "output_elements": _size(tuple(out.shape)),  # Per example: memory estimates.
         "params": int(layer.count_params()),
         "flops": int(flops),
         "dims": f"{dims[0]}->{dims[1]}" if dims else "",

@@ -17,7 +17,7 @@ from mpt.errors import UserError
 from mpt.records import rundir
 
 SCHEMA_VERSION = 2
-STATUSES = ("completed", "interrupted", "diverged", "failed")
+STATUSES = ("completed", "interrupted", "diverged", "oom", "failed")
 # Two runs are the same configuration, apart from their policy and loop, when these
 # fields are equal: a float32 run so is the baseline of a 16-bit one (the diagnosis'
 # and `--mode=compare`'s speed-up vs float32).
@@ -85,6 +85,10 @@ class RunSummary:
   kernels: dict[str, Any] | None = None
   # --policy=auto: each candidate's timed steps, the choice, what choosing cost.
   policy_choice: dict[str, Any] | None = None
+  # Memory: the preflight's estimate (this policy's breakdown, every policy's total,
+  # what was available) and the measured peak (peak_rss_mb; gpu_peak_mb on a GPU),
+  # with estimate_over_measured. None: written before mpt estimated memory.
+  memory: dict[str, Any] | None = None
   flops_share_16bit: float | None = None
   # FLOP rates: the run's, the machine's peak, the microbenchmark's measured rate.
   flops_per_step: int | None = None

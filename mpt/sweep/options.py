@@ -1,4 +1,4 @@
-"""The sweep's own flags: its axes, the cell timeout and --force. A cell's run
+"""The sweep's own flags: its axes and the cell timeout (--force is Config's). A cell's run
 is a plain Config (mpt/config.py) with one value per axis."""
 
 import dataclasses
@@ -20,5 +20,4 @@ class SweepOptions:
                              "without XLA (default: --jit_compile).")
   cell_timeout: float = flag(0.0, "--mode=sweep: seconds before a cell is killed "
                                "and recorded as `timeout`; 0 = no limit.")
-  force: bool = flag(False, "--mode=sweep: rerun cells the sweep folder already "
-                       "holds.")
+

@@ -25,6 +25,7 @@ TensorBoard HParams runs.
 import dataclasses
 import hashlib
 import itertools
+import json
 import os
 import pathlib
 import shutil
@@ -36,6 +37,7 @@ from typing import Any, Callable
 
 from mpt import config
 from mpt import console
+from mpt import supervisor
 from mpt import injection
 from mpt.errors import UserError
 from mpt.records import cells as cells_lib
@@ -59,7 +61,7 @@ OTHER_MODES_IN_NAME = {"run": "", "microbench_sizes": "256,512,1024,2048",
 # Flags added after the naming scheme: at the value sweeps had before they existed
 # (config.FLAGS_ADDED_LATER) they leave the name as it was.
 NEWER_FLAGS = config.FLAGS_ADDED_LATER
-FINISHED = ("ok", "OOM")
+FINISHED = ("ok", "OOM", "OOM (predicted)")
 # mpt/main.py's step after the sweep: the diagnosis of the folder (Markdown, or None).
 AfterRun = Callable[[pathlib.Path], str | None]
 
@@ -164,11 +166,40 @@ def run_cell(cfg: config.Config, cell: Cell, out: pathlib.Path,
     return ended("interrupted", "Ctrl-C")
   if proc.returncode == -signal.SIGKILL:  # Not by us: the kernel's OOM killer, mostly.
     return ended("OOM", "killed (SIGKILL)")
-  if proc.returncode and "ResourceExhaustedError" in stderr:
-    return ended("OOM", _error_line(stderr))
+  if proc.returncode == supervisor.OOM_EXIT or (
+      proc.returncode and "ResourceExhaustedError" in stderr):
+    return ended("OOM", _error_line(stderr) or "out of memory")
+  if proc.returncode == 2 and "mpt: error: memory:" in stderr:
+    return ended("OOM (predicted)", _error_line(stderr))
   if proc.returncode:
     return ended("failed", _error_line(stderr))
   return ended("ok", **cells_lib.figures_from_summary(run_dir / "summary.json"))
+
+
+def predicted_oom(plans: dict[tuple, dict], cell: Cell) -> str | None:
+  """Why `cell` will not fit, from the memory estimate a finished cell of the same
+  model and image size recorded (summary.json's `memory`: each policy's fixed and
+  per-example megabytes, and what was available); None if it fits or is unknown."""
+  plan = plans.get((cell.model, cell.image_size))
+  row = (plan or {}).get("policies", {}).get(cell.policy)
+  if not row:
+    return None
+  from mpt.measure import memory  # psutil only: no TensorFlow here.
+  available, where = memory.available_mb()
+  total = row["fixed_mb"] + cell.batch_size * row["per_example_mb"]
+  if total - row["baseline_mb"] <= available:
+    return None
+  largest = int((available + row["baseline_mb"] - row["fixed_mb"]) // row["per_example_mb"])
+  return (f"needs ~{memory.human(total)}, {memory.human(available)} {where}; largest "
+          f"batch that fits ~{max(largest, 0)}")
+
+
+def _learn_plan(plans: dict[tuple, dict], cell: Cell) -> None:
+  path = pathlib.Path(cell.run_dir or "") / "summary.json"
+  if cell.status == "ok" and path.exists():
+    mem = json.loads(path.read_text()).get("memory") or {}
+    if mem.get("policies"):
+      plans[(cell.model, cell.image_size)] = mem
 
 
 def _stop(signum, frame):
@@ -192,7 +223,7 @@ def run(cfg: config.Config, opts: SweepOptions,
   out = sweep_dir(cfg, opts)
   out.mkdir(parents=True, exist_ok=True)
   csv_path = out / "sweep.csv"
-  done = {} if opts.force else {c.id: c for c in cells_lib.read_csv(csv_path)
+  done = {} if cfg.force else {c.id: c for c in cells_lib.read_csv(csv_path)
                                 if c.status in FINISHED}
   env = cells_lib.environment()
   print(f"mpt: sweep of {len(todo)} cells in {out} ({len(done)} already finished)",
@@ -202,6 +233,10 @@ def run(cfg: config.Config, opts: SweepOptions,
   # inherited as ignored, as it is for a job started with `&` from a script or CI
   # runner: Python then installs no KeyboardInterrupt handler of its own.
   previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+  # Cells run smallest batch first within a model and size (the axes' order), and
+  # each finished one tells the memory of the rest: a cell that will not fit is
+  # recorded without being started (its own preflight refuses the first one).
+  plans: dict[tuple, dict] = {}
   started, ran, to_run = time.perf_counter(), 0, len(todo) - len(done)
   try:
     for i, cell in enumerate(todo, 1):
@@ -209,8 +244,16 @@ def run(cfg: config.Config, opts: SweepOptions,
         results.append(done[cell.id])
         continue
       print(f"mpt: cell {i}/{len(todo)} {cell.id} ...", end=" ", flush=True)
+      why = None if cfg.force else predicted_oom(plans, cell)
+      if why:  # Not started: it would not fit (--force runs it).
+        cell = dataclasses.replace(cell, status="OOM (predicted)", error=why, **env)
+        print(f"OOM (predicted): {why}", flush=True)
+        cells_lib.append_csv(csv_path, cell)
+        results.append(cell)
+        continue
       cell = dataclasses.replace(run_cell(cfg, cell, out, opts.cell_timeout or None),
                                  **env)
+      _learn_plan(plans, cell)
       ran += 1
       left = console.eta(ran, to_run, time.perf_counter() - started)
       print((f"{cell.ms:.1f} ms/step" if cell.ms else cell.status) +

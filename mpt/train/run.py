@@ -21,20 +21,24 @@ run's TensorBoard text.
 import dataclasses
 import pathlib
 import shutil
+import sys
 import tempfile
 import time
 from typing import Any, Callable
 
 from absl import logging
 import keras
+import numpy as np
 import tensorflow as tf
 
 from mpt import config
 from mpt import injection
 from mpt import models
+from mpt import supervisor
 from mpt.models import fused_bn
 from mpt.errors import UserError
 from mpt.measure import dtypes as dtypes_lib
+from mpt.measure import memory
 from mpt.measure import profiler
 from mpt.measure import sampler as sampler_lib
 from mpt.records import rundir
@@ -47,6 +51,7 @@ from mpt.train import distribute
 from mpt.train import guards
 from mpt.train import loops
 from mpt.train import precision
+from mpt.train import preflight
 from mpt.train import steps as steps_lib
 from mpt.train import summary as summary_lib
 
@@ -141,6 +146,8 @@ def train_and_evaluate(cfg: config.Config,
   elif dist.is_chief:
     run_dir = rundir.create(cfg)
     (run_dir / "flags.txt").write_text(config.to_flagfile(cfg))
+  if dist.is_chief:
+    supervisor.note_run_dir(run_dir)
   # Only the chief writes the run folder; another worker writes into a scratch folder
   # deleted at its end (it must still take part in every checkpoint save).
   out_dir = run_dir if dist.is_chief else pathlib.Path(
@@ -156,6 +163,11 @@ def train_and_evaluate(cfg: config.Config,
     optimizer = precision.make_optimizer(cfg.policy, cfg.learning_rate, cfg.loss_scale)
     optimizer.build(model.trainable_variables)  # Its slots must exist to be restored.
   speed = precision.check_speed(cfg.policy, precision.layer_classes(model))
+  memory.reset_peak()  # This run's peak, not an earlier one's in the same process.
+  # The dtype report: the memory estimate's layer sizes, and dtypes.json.
+  with dist.strategy.scope():
+    inspected = dtypes_lib.inspect_model(model, seed=cfg.seed)
+  mem = _preflight(cfg, inspected, model, dist, run_dir)
   ckpt = checkpoint.Checkpointer(run_dir, model, optimizer, cfg.keep_checkpoints,
                                  write_dir=out_dir)
   start_step, prior = 0, {}
@@ -166,10 +178,8 @@ def train_and_evaluate(cfg: config.Config,
     print(f"mpt: resuming {run_dir} at step {start_step}", flush=True)
   prior_wall = prior.get("wall_s", 0.0)
 
-  report = None
-  if cfg.instrument:
-    with dist.strategy.scope():
-      report = dtypes_lib.inspect_model(model, seed=cfg.seed)
+  report = inspected if cfg.instrument else None
+  if report:
     rundir.write_json(out_dir / "dtypes.json", report)
     if dist.is_chief:
       print(dtypes_lib.one_line(report), flush=True)
@@ -195,7 +205,7 @@ def train_and_evaluate(cfg: config.Config,
                            "wall_s": prior_wall + time.perf_counter() - start})
   run = summary_lib.RunState(cfg, str(run_dir), policy, data, optimizer, cbs.timer,
                              ckpt, dist, speed, report, sampler,
-                             choice)
+                             choice, mem)
 
   status, message = "failed", None  # Until the loop returns or is stopped.
   try:
@@ -220,6 +230,13 @@ def train_and_evaluate(cfg: config.Config,
     status = "diverged"
     message = (f"mpt: {e}; last good checkpoint: {ckpt.latest or 'none'} "
                f"(resume with --resume={run_dir})")
+  except tf.errors.ResourceExhaustedError as e:  # An allocation TF could not make.
+    status = "oom"
+    first = (str(e).strip().splitlines() or [""])[0][:300]
+    message = (f"mpt: out of memory at step {cbs.counter.done + 1}: {first}; the "
+               f"estimate was {memory.human(mem['estimate']['total_mb'])} with "
+               f"{memory.human(mem['available_mb'])} available (a smaller "
+               "--batch_size or a 16-bit --policy needs less)")
   except BaseException as e:  # Failed: summary.json keeps why; the traceback follows.
     message = f"{type(e).__name__}: {e}".strip().rstrip(":")[:2000]
     raise
@@ -236,7 +253,7 @@ def train_and_evaluate(cfg: config.Config,
     if dist.is_chief:  # Its line in <logdir>/runs.csv, whatever the status.
       runs_lib.record(summary)
     if message and status != "failed":
-      print(message, flush=True)
+      print(message, file=sys.stderr if status == "oom" else sys.stdout, flush=True)
     if after_run and dist.is_chief and status != "failed":  # A traceback says enough.
       text = after_run(run_dir)
       if text:
@@ -259,6 +276,33 @@ def train_and_evaluate(cfg: config.Config,
   return summary.to_dict()
 
 
+def _preflight(cfg: config.Config, report: dict[str, Any], model, dist,
+               run_dir: pathlib.Path) -> dict[str, Any]:
+  """The memory estimate under each policy, checked against what the host has: a
+  run that will not fit stops here (its new, empty folder removed) unless --force."""
+  trainable = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
+  ests = preflight.estimates(report, cfg.batch_size // dist.replicas, trainable,
+                             memory.rss_mb())
+  available, where = memory.available_mb()
+  try:
+    warning = preflight.check(cfg.policy, ests, cfg.force, available, where)
+  except preflight.WillNotFit:
+    if not cfg.resume and dist.is_chief:
+      shutil.rmtree(run_dir, ignore_errors=True)
+    raise
+  if warning:
+    print(warning, flush=True)
+  return {"estimate": ests[cfg.policy].to_dict(),
+          "estimate_mb_by_policy": {p: round(e.total_mb, 1) for p, e in ests.items()},
+          # Each policy's estimate as a line in the per-replica batch (sweeps read it).
+          "policies": {p: {"fixed_mb": round(e.fixed_mb, 2),
+                           "per_example_mb": round(e.per_example_mb, 5),
+                           "baseline_mb": round(e.baseline_mb, 2)}
+                       for p, e in ests.items()},
+          "available_mb": round(available, 1), "available": where,
+          "replicas": dist.replicas}
+
+
 def _hparams(cfg: config.Config) -> dict[str, Any]:
   return {k: getattr(cfg, k) for k in ("policy", "loop", "model", "batch_size",
                                        "image_size", "jit_compile", "dataset", "strategy",
@@ -279,11 +323,20 @@ def inspect_only(cfg: config.Config) -> dict[str, Any]:
   keras.backend.clear_session()
   keras.utils.set_random_seed(cfg.seed)
   print(precision.describe(precision.set_policy(cfg.policy)))
-  report = dtypes_lib.inspect_model(build_model(cfg, 10), seed=cfg.seed)
+  model = build_model(cfg, 10)
+  report = dtypes_lib.inspect_model(model, seed=cfg.seed)
   print(dtypes_lib.format_table(report))
+  trainable = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
+  # No data is loaded here: the cache the run would fill is added to the baseline.
+  ests = preflight.estimates(report, cfg.batch_size, trainable,
+                             memory.rss_mb() + preflight.data_cache_mb(cfg))
+  available, where = memory.available_mb()
+  mem = preflight.table(ests, available, where)
+  print(mem["text"])
   run_dir = rundir.create(cfg, "inspect")
   rundir.write_json(run_dir / "dtypes.json", report)
+  rundir.write_json(run_dir / "memory.json", mem)
   with tf.summary.create_file_writer(str(run_dir)).as_default(step=0):
     tf.summary.text("inspect/dtypes", dtypes_lib.format_table(report, markdown=True))
   print(f"mpt: wrote {run_dir / 'dtypes.json'}")
-  return {"status": "completed", "run_dir": str(run_dir), **report}
+  return {"status": "completed", "run_dir": str(run_dir), **report, "memory": mem}

@@ -18,6 +18,7 @@ from mpt.machine import hardware
 from mpt.machine import rates
 from mpt.measure import dtypes as dtypes_lib
 from mpt.measure import instrument
+from mpt.measure import memory
 from mpt.measure import sampler as sampler_lib
 from mpt.records.summary import RunSummary
 from mpt.train import checkpoint
@@ -41,6 +42,26 @@ class RunState:
   report: dict[str, Any] | None = None  # The dtype inspection (None: --noinstrument).
   sampler: sampler_lib.Sampler | None = None
   policy_choice: dict[str, Any] | None = None  # --policy=auto's record.
+  memory: dict[str, Any] | None = None  # The preflight's estimates (run.py).
+
+
+def _memory(estimates: dict[str, Any] | None) -> dict[str, Any] | None:
+  """The preflight's estimates beside the measured peak: the process's RSS
+  high-water mark on a CPU, TF's peak on the GPU where the step ran on one."""
+  if estimates is None:
+    return None
+  measured = {"peak_rss_mb": round(memory.peak_rss_mb(), 1)}
+  if tf.config.list_logical_devices("GPU"):
+    try:
+      measured["gpu_peak_mb"] = round(
+          tf.config.experimental.get_memory_info("GPU:0")["peak"] / memory.MB, 1)
+    except (ValueError, tf.errors.OpError):  # Not every device reports it.
+      pass
+  peak = measured.get("gpu_peak_mb") or measured["peak_rss_mb"]
+  est = estimates["estimate"]["total_mb"]
+  if measured.get("gpu_peak_mb"):  # The device's share: its own memory only.
+    est -= estimates["estimate"]["baseline_mb"]
+  return {**estimates, **measured, "estimate_over_measured": round(est / peak, 3)}
 
 
 def build(run: RunState, status: str, wall_s: float,
@@ -80,6 +101,7 @@ def build(run: RunState, status: str, wall_s: float,
       skipped_steps=precision.skipped_steps(run.optimizer, timer.steps),
       slow_path_warning=(run.speed or {}).get("text"), kernels=run.speed,
       policy_choice=run.policy_choice,
+      memory=_memory(run.memory),
       flops_share_16bit=run.report["flops_share_16bit"] if run.report else None,
       flops_per_step=flops, achieved_gflops=achieved,
       peak_gflops=peak, peak_source=peak_source,

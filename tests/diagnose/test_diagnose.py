@@ -549,6 +549,7 @@ def docs_mismatches(text: str) -> list[tuple[str, str]]:
       "loss-scale trouble": [f"beyond the first {d.SETTLING_SKIPS} >= "
                              f"{d.SKIPPED_SHARE:.0%}", f"loss scale < {d.MIN_SCALE:g}"],
       "far below the matmul rate": [f"< {d.ACHIEVED_VS_MICROBENCH:.0%}"],
+      "memory estimate": [f"more than {d.MEMORY_DISAGREEMENT:.0%}"],
       "step time vs batch (sweeps)": ["less than half" if diagnose_sweep.SCALING == 0.5
                                       else f"{diagnose_sweep.SCALING}"],
       "slow kernel": [f">= {d.SLOW_KERNELS:g}x float32's time",
@@ -663,3 +664,24 @@ def test_batchnorm_cost_shows_the_measured_effect_of_a_fused_sibling(runs):
 def test_batchnorm_cost_stays_quiet_below_the_threshold(runs):
   run = _with_bn_share(runs / "bf16_seed", 0.06)  # 18%
   assert "batchnorm_cost" not in ids(diagnose.diagnose_run(run))
+
+
+def _memory(total, peak):
+  est = {"total_mb": total, "baseline_mb": 700.0, "batch_size": 32,
+         "activations_mb_per_example": 2.0, "parameters_mb": 4.0, "gradients_mb": 4.0,
+         "optimizer_mb": 8.0}
+  return {"estimate": est, "peak_rss_mb": peak, "available_mb": 20000.0,
+          "estimate_over_measured": round(total / peak, 3)}
+
+
+def test_memory_estimate_finding_fires_beyond_30_percent_only(runs):
+  run = patch_summary(runs / "f32_fit", memory=_memory(1400.0, 1000.0))
+  [found] = [f for f in diagnose.diagnose_run(run)["findings"]
+             if f["id"] == "memory_estimate"]
+  assert found["title"] == "memory estimate 1.40x the measured peak"
+  assert "estimated 1400 MB (baseline 700, activations 64, parameters, gradients and " \
+         "optimizer 16), measured peak 1000 MB" in found["evidence"][0]
+  assert found["based_on"] == ["memory"]
+  for total in (1290.0, 710.0):  # Within 30% either way: quiet.
+    patch_summary(runs / "f32_fit", memory=_memory(total, 1000.0))
+    assert "memory_estimate" not in ids(diagnose.diagnose_run(runs / "f32_fit"))

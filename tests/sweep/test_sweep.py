@@ -16,6 +16,7 @@ import pytest
 
 from mpt import config
 from mpt.diagnose import diagnosis as diagnose
+from mpt.diagnose import sweep as diagnose_sweep
 from mpt.errors import UserError
 from mpt.machine import isa
 from mpt.records import cells
@@ -60,8 +61,11 @@ def test_every_way_a_cell_ends_then_a_resume_reruns_only_the_failed(tmp_path,
   assert rows[0].ms_per_step > 0
   assert rows[1].error == ("RuntimeError: injected failure "
                            "(MPT_INJECT_FAULT=fail:4/mixed_bfloat16)")
-  assert "ResourceExhaustedError: OOM when allocating" in rows[2].error
-  assert rows[3].error == "killed (SIGKILL)"
+  # The cells' own last words: the run's (TF's ResourceExhaustedError caught) and the
+  # watching parent's (a SIGKILL).
+  assert rows[2].error.startswith("mpt: out of memory at step 1: OOM when allocating")
+  assert rows[3].error.startswith("mpt: oom: the training process died of SIGKILL, "
+                                  "most likely out of memory")
   cpu = isa.detect()  # The stand-in cpuinfo of the test session (conftest.py).
   assert rows[0].tf_version and rows[0].cpu == cpu.name
   assert rows[0].cpu_isa.split() == [k for k, v in cpu.isa().items() if v]
@@ -118,7 +122,7 @@ def test_force_reruns_finished_cells(tmp_path, monkeypatch):
                       dataclasses.replace(cell, status="OOM", error="again"))
   sweep.run(cfg, opts)
   assert ran == []  # finished: skipped
-  sweep.run(cfg, dataclasses.replace(opts, force=True))
+  sweep.run(dataclasses.replace(cfg, force=True), opts)
   assert ran == [cell]
 
 
@@ -230,9 +234,9 @@ def test_the_sweep_folder_keeps_its_name_for_the_same_command(cfg, opts, name):
   fused = dataclasses.replace(cfg, batchnorm="fused")
   assert sweep.sweep_dir(fused, opts).name not in (name, "")
   # Where and how the sweep runs is not part of its name.
-  moved = dataclasses.replace(cfg, logdir="elsewhere", verbose=0)
+  moved = dataclasses.replace(cfg, logdir="elsewhere", verbose=0, force=True)
   assert sweep.sweep_dir(moved, dataclasses.replace(
-      opts, force=True, cell_timeout=9.0)) == pathlib.Path("elsewhere") / name
+      opts, cell_timeout=9.0)) == pathlib.Path("elsewhere") / name
 
 
 def test_the_cells_child_flags_are_the_run_with_the_cells_values(tmp_path):
@@ -305,3 +309,38 @@ def test_a_finished_cells_figures_come_from_its_summary(tmp_path):
   assert cells.figures_from_summary(path) == dict(  # Version 1, no utilisation.
       ms_per_step=12.5, images_per_sec=320.0, val_accuracy=None, device="",
       peak_rss_mb=None, cpu_percent=None)
+
+
+def test_cells_predicted_not_to_fit_are_recorded_without_starting(tmp_path, monkeypatch):
+  """A finished cell's summary.json tells each policy's memory per example; a later
+  cell of the same model and size that would not fit is `OOM (predicted)`, unstarted
+  (--force starts it), and the sweep's memory finding reads it as an OOM."""
+  from mpt.measure import memory
+  monkeypatch.setattr(memory, "available_mb", lambda: (1000.0, "available (test)"))
+  plan = {"policies": {  # float32 needs 100 MB per example, bfloat16 50.
+      "float32": {"fixed_mb": 600.0, "per_example_mb": 100.0, "baseline_mb": 500.0},
+      "mixed_bfloat16": {"fixed_mb": 600.0, "per_example_mb": 50.0,
+                         "baseline_mb": 500.0}}}
+  started = []
+
+  def fake_run(cfg, cell, out, timeout):
+    started.append((cell.batch_size, cell.policy))
+    run_dir = out / "cells" / cell.id
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "summary.json").write_text(json.dumps({"memory": plan}))
+    return dataclasses.replace(cell, status="ok", ms_per_step=10.0, run_dir=str(run_dir))
+
+  monkeypatch.setattr(sweep, "run_cell", fake_run)
+  cfg, opts = tiny_sweep(tmp_path, batch_sizes="4,16", policies="float32,mixed_bfloat16")
+  sweep.run(cfg, opts)
+  rows = {(r.batch_size, r.policy): r for r in cells.read_csv(
+      sweep.sweep_dir(cfg, opts) / "sweep.csv")}
+  # 16 x 100 MB beyond the 500 MB in use > 1000 MB available; 16 x 50 MB is not.
+  assert started == [(4, "float32"), (4, "mixed_bfloat16"), (16, "mixed_bfloat16")]
+  assert rows[16, "float32"].status == "OOM (predicted)"
+  assert rows[16, "float32"].error == (
+      "needs ~2.1 GiB, 1000 MiB available (test); largest batch that fits ~9")
+  findings = diagnose_sweep.memory(list(rows.values()))
+  assert [f.id for f in findings] == ["memory:mixed_bfloat16"]
+  sweep.run(dataclasses.replace(cfg, force=True), opts)  # Starts it, and reruns all.
+  assert (16, "float32") in started[3:]

@@ -1,0 +1,149 @@
+"""A training step's peak memory: estimated before training, measured after.
+
+The estimate is what the process will hold at its peak, per device (one replica's
+share under a strategy), in bytes:
+
+  baseline        the process as it stands before the first step: TensorFlow's
+                  runtime, the built model, the cached data (measured: RSS now, on a
+                  CPU; on a GPU, the device's memory in use)
+  parameters      every variable, float32 (variables stay float32 under mixed policies)
+  gradients       one float32 gradient per trainable variable
+  optimizer       Adam's two slots per trainable variable (plus the loss-scale state)
+  weight copies   under a mixed policy, the 16-bit copy of each weight a layer casts
+  activations     each layer's output per example at its dtype, kept for the backward
+                  pass, times ACTIVATION_FACTOR (the op intermediates a layer keeps
+                  beside its output: pre-activation, normalised values, masks),
+                  times the per-replica batch
+  input batches   the batch in flight and the prefetched ones (float32 images)
+
+`fits()` compares it with what the device has (available host RAM via psutil on a CPU;
+a GPU's total from TF or NVML) and `largest_batch()` inverts it: everything but the
+per-example terms is fixed, so the batch that fits is linear. The measured peak is
+the process's high-water mark (getrusage on a CPU; TF's peak on a GPU).
+ACTIVATION_FACTOR was calibrated against measured peaks, one fresh process per run
+(experiments/bench_memory.py; the factor came out 0.95-1.5 for the seed convnet and a
+ResNet10 at 32 px, batch 1024, float32 and bfloat16, AMD Zen 4, TF 2.21), and
+tests/measure/test_memory.py keeps the estimate within 30% of the measured peak.
+"""
+
+import dataclasses
+import resource
+import sys
+from typing import Any
+
+MB = 2**20
+BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int32": 4,
+         "int64": 8, "uint8": 1}
+ACTIVATION_FACTOR = 1.25
+PREFETCH = 2  # Batches tf.data holds ahead of the step (AUTOTUNE settles near 1-2 here).
+
+
+@dataclasses.dataclass
+class Estimate:
+  policy: str
+  batch_size: int  # Per replica.
+  baseline_mb: float
+  parameters_mb: float
+  gradients_mb: float
+  optimizer_mb: float
+  weight_copies_mb: float
+  activations_mb_per_example: float
+  input_mb_per_example: float
+
+  @property
+  def fixed_mb(self) -> float:
+    return (self.baseline_mb + self.parameters_mb + self.gradients_mb +
+            self.optimizer_mb + self.weight_copies_mb)
+
+  @property
+  def per_example_mb(self) -> float:
+    return self.activations_mb_per_example + self.input_mb_per_example
+
+  @property
+  def total_mb(self) -> float:
+    return self.fixed_mb + self.batch_size * self.per_example_mb
+
+  def to_dict(self) -> dict[str, Any]:
+    return {**dataclasses.asdict(self), "total_mb": round(self.total_mb, 1),
+            "per_example_mb": round(self.per_example_mb, 4)}
+
+
+def estimate(report: dict[str, Any], policy: str, batch_size: int,
+             baseline_mb: float, trainable_params: int) -> Estimate:
+  """The estimate for the model `report` (mpt/measure/dtypes.py: its layers' output
+  sizes and dtypes under `policy`) at a per-replica `batch_size`."""
+  params = report["params"]
+  mixed = policy.startswith("mixed_")
+  compute = {"mixed_float16": "float16", "mixed_bfloat16": "bfloat16"}.get(policy,
+                                                                          "float32")
+  activations = sum(l.get("output_elements", 0) * _bytes(l, i, report, compute)
+                    for i, l in enumerate(report["layers"])) * ACTIVATION_FACTOR
+  image = report["input_shape"]
+  input_bytes = 4 * int(image[0]) * int(image[1]) * int(image[2]) * (1 + PREFETCH)
+  return Estimate(
+      policy=policy, batch_size=batch_size, baseline_mb=baseline_mb,
+      parameters_mb=4 * params / MB, gradients_mb=4 * trainable_params / MB,
+      optimizer_mb=2 * 4 * trainable_params / MB,
+      weight_copies_mb=(BYTES[compute] * trainable_params / MB) if mixed else 0.0,
+      activations_mb_per_example=activations / MB,
+      input_mb_per_example=input_bytes / MB)
+
+
+def _bytes(layer: dict[str, Any], index: int, report: dict[str, Any],
+           compute: str) -> int:
+  """Bytes per output element of a layer under a policy computing in `compute`: a
+  layer forced to float32 keeps 4 bytes; any other follows the policy. Under a
+  float32 report nothing tells forced layers apart but the model's output, which mpt
+  forces to float32."""
+  reason = layer.get("float32_reason") or ""
+  forced = reason.startswith("dtype forced") or (
+      report.get("policy") == "float32" and index == len(report["layers"]) - 1)
+  if "output_dtype" in layer and report.get("policy") not in (None, "float32") and \
+      not reason:
+    forced = forced or layer["output_dtype"] == "float32"
+  return 4 if forced else BYTES[compute]
+
+
+def largest_batch(est: Estimate, available_mb: float) -> int:
+  """The largest per-replica batch whose estimate fits in `available_mb` (0: none)."""
+  room = available_mb - est.fixed_mb
+  return max(0, int(room // est.per_example_mb)) if est.per_example_mb > 0 else 0
+
+
+def rss_mb() -> float:
+  import psutil
+  return psutil.Process().memory_info().rss / MB
+
+
+def available_mb() -> tuple[float, str]:
+  """(MB the next allocations can take, what that figure is) on this host."""
+  import psutil
+  vm = psutil.virtual_memory()
+  return vm.available / MB, f"available host RAM ({vm.total / 2**30:.0f} GiB total)"
+
+
+def peak_rss_mb() -> float:
+  """This process's RSS high-water mark since `reset_peak()` (Linux: VmHWM), or
+  since it started (getrusage, where /proc is missing)."""
+  try:
+    for line in open("/proc/self/status"):
+      if line.startswith("VmHWM:"):
+        return int(line.split()[1]) / 1024
+  except OSError:
+    pass
+  peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+  return peak / (MB if sys.platform == "darwin" else 1024)
+
+
+def reset_peak() -> None:
+  """Restarts the high-water mark at the current RSS (Linux >= 4.0), so that runs
+  sharing a process (tests, benchmarks) each measure their own peak."""
+  try:
+    with open("/proc/self/clear_refs", "w") as f:
+      f.write("5")
+  except OSError:
+    pass
+
+
+def human(mb: float) -> str:
+  return f"{mb / 1024:.1f} GiB" if mb >= 1024 else f"{mb:.0f} MiB"

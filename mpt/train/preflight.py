@@ -1,0 +1,76 @@
+"""Before the first step: will the training step fit in memory? If not, one line and
+exit 2 (unless --force), saying the estimate, what is available and the largest batch
+that fits under this policy and the others.
+
+The estimate's arithmetic is mpt/measure/memory.py's; this module applies it to the
+run: the dtype report of the built model (its layers' outputs per example), the
+per-replica batch, the process's RSS so far as the baseline (TensorFlow, the model,
+the cached data), and the host's available RAM (a GPU's own memory where the step
+runs on one). `estimates()` is what summary.json and `--mode=inspect` record.
+"""
+
+from typing import Any
+
+from mpt.errors import UserError
+from mpt.measure import memory
+
+POLICIES = ("float32", "mixed_bfloat16", "mixed_float16")
+
+
+class WillNotFit(UserError):
+  """The estimate exceeds what the device has: the run stops before it starts."""
+
+
+def estimates(report: dict[str, Any], batch_size: int, trainable: int,
+              baseline_mb: float) -> dict[str, memory.Estimate]:
+  """The estimate under each policy for `report`'s model at a per-replica batch."""
+  return {p: memory.estimate(report, p, batch_size, baseline_mb, trainable)
+          for p in POLICIES}
+
+
+def check(policy: str, ests: dict[str, memory.Estimate], force: bool,
+          available_mb: float | None = None, where: str | None = None) -> str | None:
+  """Raises WillNotFit when the run's estimate exceeds what is available (the
+  baseline is already in use, so the step's own memory is compared with what is
+  left); returns a warning line when --force trains anyway, else None."""
+  if available_mb is None:
+    available_mb, where = memory.available_mb()
+  est = ests[policy]
+  need = est.total_mb - est.baseline_mb
+  if need <= available_mb:
+    return None
+  fits = ", ".join(
+      f"~{memory.largest_batch(e, available_mb + e.baseline_mb)} under {p}"
+      for p, e in sorted(ests.items(), key=lambda i: -memory.largest_batch(
+          i[1], available_mb + i[1].baseline_mb)))
+  line = (f"memory: batch {est.batch_size} under {policy} needs ~"
+          f"{memory.human(est.total_mb)} ({memory.human(need)} for the step beside "
+          f"{memory.human(est.baseline_mb)} in use), {memory.human(available_mb)} "
+          f"{where or 'available'}; largest batch that fits: {fits}")
+  if force:
+    return f"WARNING: {line}; training anyway (--force)"
+  raise WillNotFit(line + " (--force trains anyway)")
+
+
+def data_cache_mb(cfg) -> float:
+  """The in-memory image cache a run of `cfg` fills (float32 images), where the set's
+  size is known before loading it (synthetic data); 0 otherwise."""
+  if cfg.cache != "memory" or cfg.dataset != "synthetic":
+    return 0.0
+  images = cfg.synthetic_train + cfg.synthetic_val
+  return images * cfg.image_size ** 2 * 3 * 4 / memory.MB
+
+
+def table(ests: dict[str, memory.Estimate], available_mb: float,
+          where: str) -> dict[str, Any]:
+  """memory.json of `--mode=inspect`: each policy's estimate at the batch, the largest
+  batch that fits, and the same as text."""
+  rows = {p: {**e.to_dict(),
+              "largest_batch": memory.largest_batch(e, available_mb + e.baseline_mb)}
+          for p, e in ests.items()}
+  batch = next(iter(ests.values())).batch_size
+  text = (f"memory at batch {batch} (estimate; {memory.human(available_mb)} {where}): " +
+          "; ".join(f"{p} ~{memory.human(r['total_mb'])}, largest batch that fits "
+                    f"~{r['largest_batch']}" for p, r in rows.items()))
+  return {"batch_size": batch, "available_mb": round(available_mb, 1),
+          "available": where, "policies": rows, "text": text}

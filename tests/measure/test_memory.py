@@ -1,0 +1,150 @@
+"""Memory: the estimate's arithmetic on a hand-computed case, the preflight's refusal
+(one line, exit 2, the largest batch per policy), the estimate against the measured
+peak in a child process, and a death by signal ending in summary.json."""
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from helpers import ROOT, TINY_FLAGS, wait_for
+from mpt.measure import memory
+from mpt.train import preflight
+
+MB = 2**20
+REPORT = {  # Under mixed_bfloat16: 100 bfloat16 outputs, then 10 forced to float32.
+    "params": 1000, "input_shape": [8, 8, 3], "policy": "mixed_bfloat16",
+    "layers": [{"output_elements": 100, "output_dtype": "bfloat16",
+                "float32_reason": None},
+               {"output_elements": 10, "output_dtype": "float32",
+                "float32_reason": "dtype forced to float32 (numerically sensitive)"}]}
+
+
+def test_the_estimate_adds_up_by_hand():
+  est = memory.estimate(REPORT, "mixed_bfloat16", 4, baseline_mb=100.0,
+                        trainable_params=900)
+  assert est.parameters_mb * MB == 4 * 1000      # float32 variables
+  assert est.gradients_mb * MB == 4 * 900        # a float32 gradient per trainable
+  assert est.optimizer_mb * MB == 2 * 4 * 900    # Adam's two slots
+  assert est.weight_copies_mb * MB == 2 * 900    # the bfloat16 casts of the weights
+  # (100 x 2 bytes + 10 x 4 bytes) x the factor; the input: 8*8*3 float32 x 3 batches.
+  assert est.activations_mb_per_example * MB == pytest.approx(
+      240 * memory.ACTIVATION_FACTOR)
+  assert est.input_mb_per_example * MB == 8 * 8 * 3 * 4 * (1 + memory.PREFETCH)
+  fixed = 100 + (4000 + 3600 + 7200 + 1800) / MB
+  per_example = (240 * memory.ACTIVATION_FACTOR + 2304) / MB
+  assert est.total_mb == pytest.approx(fixed + 4 * per_example)
+  # Inverted: the batch that fills 1 MB beyond the fixed part.
+  assert memory.largest_batch(est, fixed + 1.0) == int(1.0 // per_example)
+  # The same report under float32: no weight copies, 4 bytes for every output; and
+  # under mixed_float16, 2 bytes where the layer follows the policy.
+  f32 = memory.estimate(REPORT, "float32", 4, 100.0, 900)
+  assert f32.weight_copies_mb == 0 and f32.activations_mb_per_example * MB == \
+      pytest.approx(440 * memory.ACTIVATION_FACTOR)
+  f16 = memory.estimate(REPORT, "mixed_float16", 4, 100.0, 900)
+  assert f16.activations_mb_per_example == est.activations_mb_per_example
+
+
+def test_preflight_refuses_with_the_largest_batch_per_policy():
+  ests = {p: memory.estimate(REPORT, p, 10**6, 100.0, 900) for p in preflight.POLICIES}
+  with pytest.raises(preflight.WillNotFit) as e:
+    preflight.check("float32", ests, force=False, available_mb=500.0, where="free")
+  line = str(e.value)
+  assert "\n" not in line and line.startswith("memory: batch 1000000 under float32 "
+                                              "needs ~")
+  assert "500 MiB free; largest batch that fits: " in line
+  fits = {p: memory.largest_batch(ests[p], 600.0) for p in preflight.POLICIES}
+  for p, n in fits.items():
+    assert f"~{n} under {p}" in line
+  assert fits["mixed_bfloat16"] > fits["float32"]  # 16-bit activations: more fit.
+  assert preflight.check("float32", ests, force=True, available_mb=500.0,
+                         where="free").startswith("WARNING: memory: ")
+  assert preflight.check("float32", {p: memory.estimate(REPORT, p, 4, 100.0, 900)
+                                     for p in preflight.POLICIES},
+                         force=False, available_mb=500.0) is None
+
+
+def test_a_batch_that_cannot_fit_stops_before_training(tmp_path):
+  # The user's command (64 px, the default size), on tiny data.
+  flags = [f for f in TINY_FLAGS if not f.startswith(("--batch_size", "--image_size"))]
+  proc = subprocess.run(
+      [sys.executable, "-m", "mpt.main", *flags, "--batch_size=100000", "--epochs=1",
+       f"--data_dir={tmp_path}", f"--logdir={tmp_path}/logs"], cwd=ROOT,
+      capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  errors = [l for l in proc.stderr.splitlines() if l.startswith("mpt: error")]
+  assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+  assert errors[0].startswith("mpt: error: memory: batch 100000 under float32 needs ~")
+  for policy in preflight.POLICIES:
+    assert f" under {policy}" in errors[0].split("largest batch that fits:")[1]
+  assert not [p for p in (tmp_path / "logs").glob("*") if p.is_dir()]  # No folder left.
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
+@pytest.mark.parametrize("model,opts", [("seed_convnet", ""),
+                                        ("resnet", "depth=10,width=16")])
+def test_the_estimate_is_within_30_percent_of_the_measured_peak(tmp_path, model, opts,
+                                                                policy):
+  """Batch 16, 256 and 1024 at 32 px, each run in a fresh process, as a user's: in a
+  shared one, memory an earlier run freed stays resident and hides the next run's
+  growth."""
+  rows = {}
+  for batch in (16, 256, 1024):
+    name = f"{model}_{policy}_{batch}"
+    flags = [f for f in TINY_FLAGS if not f.startswith(("--batch_size", "--image_size"))]
+    proc = subprocess.run(
+        [sys.executable, "-m", "mpt.main", *flags, f"--model={model}",
+         f"--model_opts={opts}", f"--policy={policy}", f"--batch_size={batch}",
+         "--image_size=32", "--epochs=1", "--steps_per_epoch=2", "--warmup_steps=0",
+         "--checkpoint=false", f"--data_dir={tmp_path}", f"--logdir={tmp_path}/logs",
+         f"--run_name={name}"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows[model, policy, batch] = json.loads(
+        (tmp_path / "logs" / name / "summary.json").read_text())["memory"]
+  for key, m in rows.items():
+    est, peak = m["estimate"]["total_mb"], m["peak_rss_mb"]
+    assert est / peak == pytest.approx(1.0, abs=0.3), (key, est, peak)
+    assert m["estimate_over_measured"] == pytest.approx(est / peak, abs=1e-3)
+    if key[2] == 1024:  # The step's own memory, beyond the measured baseline, too.
+      base = m["estimate"]["baseline_mb"]
+      assert (est - base) / (peak - base) == pytest.approx(1.0, abs=0.3), (key, m)
+
+
+@pytest.mark.parametrize("kind,why", [
+    ("kill", "the training process died of SIGKILL, most likely out of memory"),
+    ("oom", "mpt: out of memory at step 1: "),
+])
+def test_a_death_of_memory_ends_in_summary_json_and_one_line(tmp_path, kind, why):
+  """SIGKILL (the kernel's OOM killer) and TF's ResourceExhaustedError, injected right
+  before the first step: status `oom`, exit 4, and mpt's line is the last word."""
+  proc = subprocess.run(
+      [sys.executable, "-m", "mpt.main", *TINY_FLAGS, f"--data_dir={tmp_path}",
+       f"--logdir={tmp_path}/logs"], cwd=ROOT, capture_output=True, text=True,
+      timeout=300, env={**os.environ, "MPT_INJECT_FAULT": f"{kind}:4"})
+  assert proc.returncode == 4, proc.stderr[-3000:]
+  last = proc.stderr.strip().splitlines()[-1]
+  assert why in last and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+  [run_dir] = [p for p in (tmp_path / "logs").iterdir() if p.is_dir()]
+  summary = json.loads((run_dir / "summary.json").read_text())
+  assert summary["status"] == "oom" and why.removeprefix("mpt: ") in \
+      (summary["message"] or ""), summary["message"]
+  assert (tmp_path / "logs" / "runs.csv").read_text().count(",oom,") == 1
+
+
+def test_inspect_reports_the_estimate_per_policy(tmp_path):
+  from mpt import config
+  from mpt.train import run
+  result = run.inspect_only(config.Config(image_size=32, batch_size=64,
+                                          logdir=str(tmp_path)))
+  mem = json.loads((pathlib.Path(result["run_dir"]) / "memory.json").read_text())
+  assert set(mem["policies"]) == set(preflight.POLICIES) and mem["batch_size"] == 64
+  f32, bf16 = mem["policies"]["float32"], mem["policies"]["mixed_bfloat16"]
+  assert bf16["activations_mb_per_example"] == pytest.approx(
+      f32["activations_mb_per_example"] / 2, rel=0.05)  # All but the float32 output.
+  assert bf16["largest_batch"] > f32["largest_batch"] > 0
