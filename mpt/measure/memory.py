@@ -115,11 +115,22 @@ def rss_mb() -> float:
   return psutil.Process().memory_info().rss / MB
 
 
-def available_mb() -> tuple[float, str]:
-  """(MB the next allocations can take, what that figure is) on this host."""
+def available_mb(gpu: bool = False) -> tuple[float, str]:
+  """(MB the next allocations can take, what that figure is): the first GPU's free
+  memory by NVML when the step runs on a GPU, else this host's available RAM (also
+  where NVML is missing, and said so)."""
+  note = ""
+  if gpu:
+    try:
+      import pynvml as nvml  # nvidia-ml-py (the `gpu` extra).
+      nvml.nvmlInit()
+      info = nvml.nvmlDeviceGetMemoryInfo(nvml.nvmlDeviceGetHandleByIndex(0))
+      return info.free / MB, f"free on GPU 0 ({info.total / 2**30:.0f} GiB total, NVML)"
+    except Exception:  # No NVML: TF itself knows no GPU's total.
+      note = "; the GPU's memory is unknown without nvidia-ml-py"
   import psutil
   vm = psutil.virtual_memory()
-  return vm.available / MB, f"available host RAM ({vm.total / 2**30:.0f} GiB total)"
+  return vm.available / MB, f"available host RAM ({vm.total / 2**30:.0f} GiB total{note})"
 
 
 def peak_rss_mb() -> float:

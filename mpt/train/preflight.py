@@ -29,24 +29,31 @@ def estimates(report: dict[str, Any], batch_size: int, trainable: int,
 
 
 def check(policy: str, ests: dict[str, memory.Estimate], force: bool,
-          available_mb: float | None = None, where: str | None = None) -> str | None:
+          available_mb: float | None = None, where: str | None = None,
+          sharing: int = 1, replicas: int = 1) -> str | None:
   """Raises WillNotFit when the run's estimate exceeds what is available (the
   baseline is already in use, so the step's own memory is compared with what is
-  left); returns a warning line when --force trains anyway, else None."""
+  left); returns a warning line when --force trains anyway, else None.
+
+  The estimates are per replica; `sharing` replicas draw on the same memory (logical
+  CPU devices share the host's RAM; a GPU has its own), and the batches in the message
+  are global (`replicas` per-replica batches).
+  """
   if available_mb is None:
     available_mb, where = memory.available_mb()
   est = ests[policy]
-  need = est.total_mb - est.baseline_mb
+  need = (est.total_mb - est.baseline_mb) * sharing
   if need <= available_mb:
     return None
-  fits = ", ".join(
-      f"~{memory.largest_batch(e, available_mb + e.baseline_mb)} under {p}"
-      for p, e in sorted(ests.items(), key=lambda i: -memory.largest_batch(
-          i[1], available_mb + i[1].baseline_mb)))
-  line = (f"memory: batch {est.batch_size} under {policy} needs ~"
-          f"{memory.human(est.total_mb)} ({memory.human(need)} for the step beside "
-          f"{memory.human(est.baseline_mb)} in use), {memory.human(available_mb)} "
-          f"{where or 'available'}; largest batch that fits: {fits}")
+  largest = {p: memory.largest_batch(e, available_mb / sharing + e.baseline_mb) * replicas
+             for p, e in ests.items()}
+  fits = ", ".join(f"~{n} under {p}"
+                   for p, n in sorted(largest.items(), key=lambda i: -i[1]))
+  line = (f"memory: batch {est.batch_size * replicas} under {policy} needs ~"
+          f"{memory.human(est.baseline_mb + need)} ({memory.human(need)} for the step "
+          f"beside {memory.human(est.baseline_mb)} in use), "
+          f"{memory.human(available_mb)} {where or 'available'}; largest batch that "
+          f"fits: {fits}")
   if force:
     return f"WARNING: {line}; training anyway (--force)"
   raise WillNotFit(line + " (--force trains anyway)")

@@ -283,9 +283,13 @@ def _preflight(cfg: config.Config, report: dict[str, Any], model, dist,
   trainable = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
   ests = preflight.estimates(report, cfg.batch_size // dist.replicas, trainable,
                              memory.rss_mb())
-  available, where = memory.available_mb()
+  gpu = bool(tf.config.list_logical_devices("GPU"))
+  available, where = memory.available_mb(gpu)
+  # Replicas on logical CPU devices of this worker share its RAM; GPUs have their own.
+  sharing = 1 if gpu else max(1, dist.replicas // max(1, dist.workers))
   try:
-    warning = preflight.check(cfg.policy, ests, cfg.force, available, where)
+    warning = preflight.check(cfg.policy, ests, cfg.force, available, where,
+                              sharing=sharing, replicas=dist.replicas)
   except preflight.WillNotFit:
     if not cfg.resume and dist.is_chief:
       shutil.rmtree(run_dir, ignore_errors=True)
@@ -330,7 +334,7 @@ def inspect_only(cfg: config.Config) -> dict[str, Any]:
   # No data is loaded here: the cache the run would fill is added to the baseline.
   ests = preflight.estimates(report, cfg.batch_size, trainable,
                              memory.rss_mb() + preflight.data_cache_mb(cfg))
-  available, where = memory.available_mb()
+  available, where = memory.available_mb(bool(tf.config.list_logical_devices("GPU")))
   mem = preflight.table(ests, available, where)
   print(mem["text"])
   run_dir = rundir.create(cfg, "inspect")

@@ -148,3 +148,32 @@ def test_inspect_reports_the_estimate_per_policy(tmp_path):
   assert bf16["activations_mb_per_example"] == pytest.approx(
       f32["activations_mb_per_example"] / 2, rel=0.05)  # All but the float32 output.
   assert bf16["largest_batch"] > f32["largest_batch"] > 0
+
+
+def test_replicas_sharing_the_host_and_global_batches():
+  """Two logical CPU devices draw on one host's RAM: half the room each, and the
+  message speaks of global batches (2 replicas x the per-replica one)."""
+  ests = {p: memory.estimate(REPORT, p, 5 * 10**5, 100.0, 900)
+          for p in preflight.POLICIES}
+  one = {p: memory.largest_batch(e, 500.0 + 100.0) for p, e in ests.items()}
+  shared = {p: memory.largest_batch(e, 250.0 + 100.0) for p, e in ests.items()}
+  with pytest.raises(preflight.WillNotFit) as e:
+    preflight.check("float32", ests, False, 500.0, "free", sharing=2, replicas=2)
+  assert str(e.value).startswith("memory: batch 1000000 under float32 needs ~")
+  assert f"~{shared['float32'] * 2} under float32" in str(e.value)
+  assert shared["float32"] < one["float32"]
+
+
+def test_a_gpus_free_memory_comes_from_nvml(monkeypatch):
+  class Info:
+    free, total = 3 * 2**30, 16 * 2**30
+  fake = type(sys)("pynvml")
+  fake.nvmlInit = lambda: None
+  fake.nvmlDeviceGetHandleByIndex = lambda i: i
+  fake.nvmlDeviceGetMemoryInfo = lambda h: Info()
+  monkeypatch.setitem(sys.modules, "pynvml", fake)
+  assert memory.available_mb(gpu=True) == (3 * 1024.0,
+                                           "free on GPU 0 (16 GiB total, NVML)")
+  monkeypatch.setitem(sys.modules, "pynvml", None)  # Not installed: host RAM, said so.
+  mb, where = memory.available_mb(gpu=True)
+  assert mb > 0 and where.endswith("the GPU's memory is unknown without nvidia-ml-py)")
