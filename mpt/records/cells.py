@@ -16,9 +16,9 @@ import pathlib
 from typing import Any
 
 from mpt.machine import isa
+from mpt.records import csvrow
 from mpt.records import summary as summary_lib
 
-TRUE = ("true", "1")
 
 
 @dataclasses.dataclass
@@ -66,18 +66,7 @@ class Cell:
   @classmethod
   def from_row(cls, row: dict[str, str]) -> "Cell":
     """A CSV row (strings; a missing or empty column takes the default)."""
-    values: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
-      text = row.get(f.name)
-      if text in ("", None):
-        continue
-      if f.type is bool:  # Written as True/False; a hand-edited file may say true, 1.
-        values[f.name] = text.lower() in TRUE
-      elif f.type in (int, str):
-        values[f.name] = f.type(text)
-      else:  # The figures, float | None.
-        values[f.name] = float(text)
-    return cls(**values)
+    return csvrow.parse(cls, row)
 
   def to_row(self) -> dict[str, str]:
     """The CSV row: str() of each value (bools True/False), None as empty."""

@@ -21,12 +21,11 @@ import io
 import os
 import pathlib
 import sys
-from typing import Any
 
+from mpt.records import csvrow
 from mpt.records.summary import RunSummary
 
 FILE = "runs.csv"
-TRUE = ("true", "1")
 
 
 @dataclasses.dataclass
@@ -63,13 +62,7 @@ class Row:
   @classmethod
   def from_row(cls, row: dict[str, str]) -> "Row":
     """A CSV row (strings; a missing or empty column takes the default)."""
-    values: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
-      text = row.get(f.name)
-      if text in ("", None):
-        continue
-      values[f.name] = _PARSE[f.type](text)
-    return cls(**values)
+    return csvrow.parse(cls, row)
 
   def to_row(self) -> dict[str, str]:
     """The CSV row: str() of each value, None as empty; a line break (a path could
@@ -79,9 +72,6 @@ class Row:
 
 
 COLUMNS = tuple(f.name for f in dataclasses.fields(Row))
-# How a column's text is read back, by the field's type.
-_PARSE = {str: str, bool: lambda text: text.lower() in TRUE, int | None: int,
-          float | None: float}
 
 
 def _line(values) -> str:
