@@ -5,11 +5,13 @@ Fixtures live in conftest.py; plain functions and classes live here, so that a t
 imports them by name instead of from conftest.
 """
 
+import multiprocessing
 import os
 import pathlib
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Callable
 
@@ -61,6 +63,49 @@ def mpt(*args: str, timeout: float = 300, **kwargs) -> subprocess.CompletedProce
   """Runs `python -m mpt.main ARGS` from the repository to its end."""
   return subprocess.run([sys.executable, "-m", "mpt.main", *args], cwd=ROOT,
                         capture_output=True, text=True, timeout=timeout, **kwargs)
+
+
+_FORKSERVER = None  # This pytest process's, started at the first forked run.
+# What the fork server imports once, so that a run forked from it starts at mpt's
+# first line of work instead of after TensorFlow's 6 s import.
+PRELOAD = ["tensorflow", "keras", "mpt.main", "mpt.train.run", "mpt.diagnose.diagnosis"]
+
+
+def _forked_main(argv: list[str], env: dict[str, str], out: str, err: str) -> None:
+  """A forked child: the environment, cwd and output files of a fresh process, then
+  mpt's command line (absl's app.run, as `python -m mpt.main` runs it)."""
+  os.environ.update(env)
+  os.chdir(ROOT)
+  for fd, path in ((1, out), (2, err)):
+    os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+  from absl import app
+  from mpt import main
+  app.run(main.main, argv=["mpt", *argv])
+
+
+def mpt_forked(*args: str, env: dict[str, str] | None = None,
+               timeout: float = 300) -> subprocess.CompletedProcess:
+  """`python -m mpt.main ARGS` in a process forked from a server that has imported
+  TensorFlow and mpt but run no op: a process of its own (its own memory, pid, exit
+  status, death by signal) that skips the import. The differences from the command
+  line: training runs in it directly (no watching parent, mpt/supervisor.py), and
+  variables TensorFlow reads at import (TF_CPP_MIN_LOG_LEVEL, ONEDNN_*) have the
+  server's values; `env` adds those mpt reads at run time (MPT_*)."""
+  global _FORKSERVER
+  if _FORKSERVER is None:
+    _FORKSERVER = multiprocessing.get_context("forkserver")
+    _FORKSERVER.set_forkserver_preload(PRELOAD)
+  with tempfile.TemporaryDirectory() as tmp:
+    out, err = f"{tmp}/stdout", f"{tmp}/stderr"
+    proc = _FORKSERVER.Process(target=_forked_main, args=(list(args), env or {}, out, err))
+    proc.start()
+    proc.join(timeout)
+    if proc.exitcode is None:
+      proc.kill()
+      proc.join()
+      raise subprocess.TimeoutExpired(["mpt", *args], timeout)
+    read = lambda path: pathlib.Path(path).read_text() if os.path.exists(path) else ""
+    return subprocess.CompletedProcess(["mpt", *args], proc.exitcode, read(out), read(err))
 
 
 def wait_for(condition: Callable[[], bool], timeout: float, every: float = 0.2) -> bool:

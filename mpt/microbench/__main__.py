@@ -11,5 +11,6 @@ from mpt.microbench import run as microbench
 
 if __name__ == "__main__":
   args = json.loads(sys.argv[1])
-  results = microbench.measure(args["sizes"], args["dtypes"], args["quick"])
+  results = microbench.measure(args["sizes"], args["dtypes"], args["quick"],
+                               kernel_table=args.get("kernels", True))
   print("MPT-RESULT " + json.dumps(results), flush=True)

@@ -19,8 +19,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def run_other(python: str, sizes, dtypes, quick: bool) -> dict[str, Any]:
-  """The same measurement under interpreter `python` (mpt from this checkout)."""
-  args = json.dumps({"sizes": sizes, "dtypes": dtypes, "quick": quick})
+  """The same measurement under interpreter `python` (mpt from this checkout), without
+  the kernel table (this interpreter's is the one training runs read)."""
+  args = json.dumps({"sizes": sizes, "dtypes": dtypes, "quick": quick, "kernels": False})
   env = {**os.environ, "PYTHONPATH": os.pathsep.join(
       [str(ROOT)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))}
   proc = subprocess.run([python, "-m", "mpt.microbench", args], capture_output=True,
@@ -28,7 +29,8 @@ def run_other(python: str, sizes, dtypes, quick: bool) -> dict[str, Any]:
   line = next((l for l in proc.stdout.splitlines() if l.startswith("MPT-RESULT ")), None)
   if proc.returncode or line is None:
     last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-    raise UserError(f"the microbenchmark failed under --compare_python={python}: {last}")
+    raise UserError(f"--compare_python={python!r} could not run the microbenchmark "
+                    f"(does it have TensorFlow?): {last}")
   return json.loads(line[len("MPT-RESULT "):])
 
 

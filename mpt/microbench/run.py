@@ -59,8 +59,10 @@ def parse_list(spec: str, flag: str, valid=None, kind=str) -> list:
 
 
 def measure(sizes: list[int], dtypes: list[str], quick: bool,
-            python: str = sys.executable) -> dict[str, Any]:
-  """Every section's results, for this interpreter's TensorFlow; JSON-serialisable."""
+            python: str = sys.executable, kernel_table: bool = True) -> dict[str, Any]:
+  """Every section's results, for this interpreter's TensorFlow; JSON-serialisable.
+  `kernel_table=False` leaves out the per-op kernel probe (a second interpreter's
+  measurement: only this one's table is printed, cached and read by training runs)."""
   from mpt.machine import hardware
   from mpt.machine import isa
   from mpt.microbench import fma
@@ -102,8 +104,9 @@ def measure(sizes: list[int], dtypes: list[str], quick: bool,
   out["ceilings"] = ceilings.ceilings(out)
   # The kernels TF dispatches per op and dtype, forward and backward (its own child,
   # with ONEDNN_VERBOSE on); training runs read it from the cache for their warning.
-  with console.phase("microbench: kernels per op and dtype (ONEDNN_VERBOSE probe)"):
-    out["kernels"] = kernels.probe(repeats=1 if quick else 3, python=python)
+  if kernel_table:
+    with console.phase("microbench: kernels per op and dtype (ONEDNN_VERBOSE probe)"):
+      out["kernels"] = kernels.probe(repeats=1 if quick else 3, python=python)
   for row in out["throughput"]:
     # TensorFlow's ops ran where the ceilings' estimate applies (the GPU when there is
     # one); numpy's always on the CPU.
@@ -125,16 +128,15 @@ def run(cfg: config.Config, opts: options_lib.MicrobenchOptions) -> dict[str, An
   dtypes = parse_list(opts.microbench_dtypes, "microbench_dtypes",
                       valid=throughput.GEMM_DTYPES)
   rundir.check_root(cfg)
-  other_version = None
-  if opts.compare_python:  # Checked before the minutes of measuring start.
-    from mpt.microbench import tfbuild
-    other_version = tfbuild.check_python(opts.compare_python)
-  results = measure(sizes, dtypes, opts.quick)
   other = None
-  if opts.compare_python:
-    print(f"mpt: measuring again under {opts.compare_python} (TF {other_version})",
-          flush=True)
+  if opts.compare_python:  # First: an interpreter without TF is said before the
+    from mpt.microbench import tfbuild  # minutes of measuring here, not after them.
+    tfbuild.check_python(opts.compare_python)
+    print(f"mpt: measuring under {opts.compare_python} first", flush=True)
     other = report.run_other(opts.compare_python, sizes, dtypes, opts.quick)
+    print(f"mpt: now under this interpreter (TF {other['tensorflow'].get('tf_version')}"
+          " there)", flush=True)
+  results = measure(sizes, dtypes, opts.quick)
   run_dir = rundir.create(cfg, "microbench")
   summary = {"status": "completed", "run_dir": str(run_dir), **results}
   if other:

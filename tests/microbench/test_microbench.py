@@ -191,7 +191,8 @@ def test_report_says_in_words_which_estimates_the_measurements_refute():
     (dict(microbench_sizes=""), "must be a comma-separated list"),
     (dict(microbench_sizes="0"), "out of range"),
     (dict(compare_python="/no/such/python"), "is not an executable file"),
-    (dict(compare_python="/bin/true"), "has no working TensorFlow"),
+    (dict(compare_python="/bin/true"), "could not run the microbenchmark (does it "
+                                       "have TensorFlow?): no output"),
 ])
 def test_bad_input_is_a_clear_error(tmp_path, overrides, words):
   cfg = config.Config(logdir=str(tmp_path / "logs"))
