@@ -4,6 +4,12 @@ before its first step, so that the sweep's handling of every ending can be teste
 shown: `oom`, `kill`, `fail`. Like `--fault_factor` for one run (mpt/train/guards.py), it is
 documented in docs/usage.md; unset, it costs nothing.
 
+And kills at a chosen moment of a run, for resume to be tested where random kills
+land: `MPT_KILL_AT=MOMENT:N` sends SIGKILL to the process `begin` as global step N
+begins, at the `end` of step N (after all its callbacks), in the middle of
+checkpoint N's `save` (its files written, the index not yet naming it), or in the
+`eval`uation that follows step N (at its first batch).
+
 TensorFlow is imported only to raise its error, so the sweep (which imports no
 TensorFlow) can check the variable before its first cell.
 """
@@ -27,6 +33,28 @@ def injected_faults() -> list[tuple[str, int, str]]:
                       "oom, kill or fail")
     faults.append((kind, int(batch), policy))
   return faults
+
+
+KILL_MOMENTS = ("begin", "end", "save", "eval")
+
+
+def kill_at() -> tuple[str, int] | None:
+  """`MPT_KILL_AT=MOMENT:N` as (moment, N); UserError naming the bad value."""
+  spec = os.environ.get("MPT_KILL_AT", "")
+  if not spec:
+    return None
+  moment, _, step = spec.partition(":")
+  if moment not in KILL_MOMENTS or not step.isdigit():
+    raise UserError(f"MPT_KILL_AT: {spec!r} is not MOMENT:N with MOMENT one of "
+                    f"{', '.join(KILL_MOMENTS)} and N a global step")
+  return moment, int(step)
+
+
+def kill_point(moment: str, step: int) -> None:
+  """SIGKILL to this process if `MPT_KILL_AT` names this moment of this step."""
+  if kill_at() == (moment, step):
+    sys.stdout.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def inject_run_fault(batch_size: int, policy: str) -> None:

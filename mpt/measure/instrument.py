@@ -113,8 +113,11 @@ class ScalarWriter(keras.callbacks.Callback):
                sampler: Sampler | None = None, flops_per_step: int | None = None,
                precision_state: Callable[[], dict[str, float]] | None = None,
                texts: dict[str, str] | None = None,
-               hparams: dict[str, Any] | None = None):
+               hparams: dict[str, Any] | None = None, resumed: bool = False):
+    """`resumed`: the texts, hparams and layout the run's first attempt wrote at step
+    0 are in the event files already; they are not written twice."""
     super().__init__()
+    self.resumed = resumed
     self.writer = tf.summary.create_file_writer(run_dir)
     self.timer, self.batch_size, self.every = timer, batch_size, every
     self.detailed, self.sampler, self.flops_per_step = detailed, sampler, flops_per_step
@@ -122,6 +125,8 @@ class ScalarWriter(keras.callbacks.Callback):
     self.texts, self.hparams = texts or {}, hparams
 
   def on_train_begin(self, logs=None):
+    if self.resumed:
+      return
     with self.writer.as_default(step=0):
       for tag, text in self.texts.items():
         tf.summary.text(tag, text)
@@ -149,6 +154,9 @@ class ScalarWriter(keras.callbacks.Callback):
       for key, value in (logs or {}).items():
         tag = f"eval/{key[4:]}" if key.startswith("val_") else f"train/{key}"
         tf.summary.scalar(tag, value)
+    self.writer.flush()
+
+  def flush(self) -> None:
     self.writer.flush()
 
   def write_final(self, summary: dict[str, Any]) -> None:

@@ -41,13 +41,18 @@ def _open_nvml(nvml: Any | None) -> tuple[Any | None, list, str | None]:
 class Sampler:
   """Samples utilisation every `period_s` seconds in a daemon thread."""
 
-  def __init__(self, period_s: float = 1.0, nvml: Any | None = None):
+  def __init__(self, period_s: float = 1.0, nvml: Any | None = None,
+               state: dict[str, list[float]] | None = None):
+    """`state`: a resumed run's `state()` when its checkpoint was written, so that the
+    whole-run figures cover the run before the resume as well."""
     self.period_s = period_s
     self._process = psutil.Process()
     self._nvml, self._handles, self.gpu_absent = _open_nvml(nvml)
     self._tf_gpu = bool(tf.config.list_physical_devices("GPU"))
     self._buffer: list[dict[str, float]] = []
-    self._all: list[dict[str, float]] = []
+    # The whole run's figures as running [count, sum, max] per figure: bounded
+    # however long the run, and small enough for every checkpoint's state.
+    self._totals: dict[str, list[float]] = {k: list(v) for k, v in (state or {}).items()}
     self._lock = threading.Lock()
     self._stop = threading.Event()
     self._thread = threading.Thread(target=self._run, name="mpt-sampler", daemon=True)
@@ -80,7 +85,9 @@ class Sampler:
         continue
       with self._lock:
         self._buffer.append(s)
-        self._all.append(s)
+        for k, v in s.items():
+          count, total, peak = self._totals.get(k, (0, 0.0, v))
+          self._totals[k] = [count + 1, total + v, max(peak, v)]
 
   def start(self) -> "Sampler":
     self._process.cpu_percent(None)  # The first reading only sets the baseline.
@@ -100,10 +107,11 @@ class Sampler:
     keys = {k for s in samples for k in s}
     return {k: statistics.fmean(s[k] for s in samples if k in s) for k in keys}
 
+  def state(self) -> dict[str, list[float]]:
+    with self._lock:
+      return {k: list(v) for k, v in self._totals.items()}
+
   def stats(self) -> dict[str, dict[str, float]]:
     """{figure: {"mean": ..., "max": ...}} over the whole run."""
-    with self._lock:
-      samples = list(self._all)
-    keys = sorted({k for s in samples for k in s})
-    return {k: {"mean": statistics.fmean(s[k] for s in samples if k in s),
-                "max": max(s[k] for s in samples if k in s)} for k in keys}
+    return {k: {"mean": total / count, "max": peak}
+            for k, (count, total, peak) in sorted(self.state().items())}

@@ -10,7 +10,9 @@ the resume state carries over, so it equals the counter.)
 
 Order at a step's begin: the counter, the profile window, the fault injector. At its
 end: the timer counts the step, the writer logs it, the guard may stop a diverged run
-before the checkpoint is written, a signal stops the run after it.
+before the checkpoint is written, a signal stops the run after it. At an epoch's
+begin the running metrics of a run resumed mid-epoch are put back; `MPT_KILL_AT`'s
+kill points (tests of resume) come last of all.
 """
 
 import dataclasses
@@ -21,6 +23,7 @@ import keras
 import tensorflow as tf
 
 from mpt import console
+from mpt import injection
 from mpt.config import Config
 from mpt.measure import instrument
 from mpt.measure import profiler
@@ -53,15 +56,18 @@ class RunCallbacks:
   guard: guards.DivergenceGuard
   checkpoints: checkpoint.CheckpointCallback
   stop: guards.SignalStop
+  metrics: checkpoint.RunningMetrics
   faults: guards.FaultInjector | None = None
   window: profiler.ProfileWindow | None = None
   lines: keras.callbacks.Callback | None = None  # A line per epoch off a terminal.
   loss_factor: tf.Variable | None = None  # What the fault injector sets, or None.
+  kills: guards.KillPoints | None = None  # MPT_KILL_AT, or None.
 
   @property
   def ordered(self) -> list[keras.callbacks.Callback]:
-    first = [c for c in (self.counter, self.window, self.faults) if c is not None]
-    last = [self.lines] if self.lines else []
+    first = [c for c in (self.counter, self.metrics, self.window, self.faults)
+             if c is not None]
+    last = [c for c in (self.lines, self.kills) if c is not None]
     return first + [self.timer, self.writer, self.guard, self.checkpoints, self.stop] + last
 
 
@@ -72,24 +78,33 @@ def make(cfg: Config, *, out_dir: str, profile_dir: str, start_step: int,
          flops_per_step: int | None, loss_scale: Callable[[], float | None],
          skipped_steps: Callable[[int], int], texts: dict[str, str],
          hparams: dict[str, Any] | None,
-         state: Callable[[instrument.StepTimer], dict[str, Any]]) -> RunCallbacks:
-  """Builds the run's callbacks; `state(timer)` is what each checkpoint stores."""
+         state: Callable[[instrument.StepTimer, checkpoint.RunningMetrics],
+                         dict[str, Any]]) -> RunCallbacks:
+  """Builds the run's callbacks; `state(timer, metrics)` is what each checkpoint
+  stores. A resumed run (`start_step` > 0) writes no texts or hparams again: the
+  first attempt's stay in the event files."""
   counter = StepCounter(start_step)
+  mid_epoch = start_step % steps_per_epoch
+  metrics = checkpoint.RunningMetrics(prior.get("metrics") if mid_epoch else None,
+                                      start_step // steps_per_epoch)
   timer = instrument.StepTimer(cfg.warmup_steps, prior.get("timer"))
   writer = instrument.ScalarWriter(
       out_dir, timer, cfg.batch_size, every=cfg.log_every, detailed=cfg.instrument,
       sampler=sampler, flops_per_step=flops_per_step,
       precision_state=lambda: {"loss_scale": loss_scale() or 1.0,
                                "skipped_steps": skipped_steps(counter.done)},
-      texts=texts, hparams=hparams)
+      texts=texts, hparams=hparams, resumed=start_step > 0)
   dynamic = cfg.loss_scale == "dynamic"
   guard = guards.DivergenceGuard(lambda: counter.done,
                                  lambda: loss_scale() if dynamic else None,
                                  cfg.min_loss_scale)
   checkpoints = checkpoint.CheckpointCallback(
       ckpt, cfg.checkpoint_every, steps_per_epoch, lambda: counter.done,
-      lambda: state(timer), enabled=cfg.checkpoint)
-  found = RunCallbacks(counter, timer, writer, guard, checkpoints, guards.SignalStop())
+      lambda: state(timer, metrics), enabled=cfg.checkpoint, flush=writer.flush)
+  found = RunCallbacks(counter, timer, writer, guard, checkpoints, guards.SignalStop(),
+                       metrics)
+  if injection.kill_at():
+    found.kills = guards.KillPoints(lambda: counter.done)
   found.lines = console.epoch_lines(
       cfg.verbose, cfg.epochs,
       lambda n: statistics.median(timer.durations_ms[-n:] or [0.0]))

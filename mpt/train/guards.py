@@ -9,6 +9,7 @@
 - `FaultInjector` multiplies the loss by `--fault_factor` during `--fault_steps`, the
   same way in both loops (the shared loss reads the factor variable), to exercise
   loss scaling (1e30 overflows float16 gradients) and divergence (nan).
+- `KillPoints` kills the process at the moment `MPT_KILL_AT` names, to test resume.
 (The faults a sweep must survive are injected by mpt/injection.py.)
 """
 
@@ -20,6 +21,8 @@ from typing import Callable
 
 import keras
 import tensorflow as tf
+
+from mpt import injection
 
 
 class Diverged(Exception):
@@ -106,3 +109,29 @@ class FaultInjector(keras.callbacks.Callback):
   def on_train_batch_begin(self, batch, logs=None):
     inside = self.window[0] <= self.step <= self.window[1]
     self.var.assign(self.factor if inside else 1.0)
+
+
+class KillPoints(keras.callbacks.Callback):
+  """SIGKILL at the moment `MPT_KILL_AT` names (mpt/injection.py): as a global step
+  begins, once it and every callback after it have run (this callback is the last),
+  or at the first batch of the evaluation that follows it. `steps()` is the global
+  steps completed."""
+
+  def __init__(self, steps: Callable[[], int]):
+    super().__init__()
+    self.steps = steps
+    self._evaluating = False
+
+  def on_train_batch_begin(self, batch, logs=None):
+    injection.kill_point("begin", self.steps() + 1)
+
+  def on_train_batch_end(self, batch, logs=None):
+    injection.kill_point("end", self.steps())
+
+  def on_test_begin(self, logs=None):
+    self._evaluating = True
+
+  def on_test_batch_begin(self, batch, logs=None):
+    if self._evaluating:
+      self._evaluating = False
+      injection.kill_point("eval", self.steps())

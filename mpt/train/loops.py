@@ -3,7 +3,7 @@
 Both take the same model, optimizer, `Data` and Keras callbacks. `fit` hands them to
 Keras; `custom` drives mpt's own tf.function steps (mpt/train/steps.py) through a Keras
 `CallbackList` in the same order fit does (train begin, epoch begin, batch begin/end,
-validation, epoch end), so the same callbacks time, log and draw the progress bar for
+validation with its test-batch calls, epoch end), so the same callbacks time, log and draw the progress bar for
 both, and a batch's logs are materialised (`pythonify_logs`) before any callback sees
 them: the step's result exists when its time is taken.
 
@@ -24,6 +24,7 @@ import tensorflow as tf
 
 from mpt import console
 from mpt.config import Config
+from mpt.train import checkpoint
 from mpt.train import keras_fit
 from mpt.train import steps as steps_lib
 from mpt.train.data import Data
@@ -63,6 +64,13 @@ def run_fit(model: keras.Model, optimizer: keras.optimizers.Optimizer, data: Dat
     keras_fit.fetch_through(model, fetch)
   spe = data.steps_per_epoch
   epoch, done = divmod(start_step, spe)
+  if done and not tf.distribute.has_strategy():
+    # Keras builds fit's metrics at the first step's trace, but a run resumed
+    # mid-epoch puts its metric state back before that step (checkpoint.py's
+    # RunningMetrics): build them now, on a validation batch, and empty them.
+    images, labels = next(iter(data.val))
+    model.compute_metrics(images, labels, model(images, training=False))
+    model.reset_metrics()
   fit = lambda step, first, last, n: model.fit(
       data.train_from(step), initial_epoch=first, epochs=last, steps_per_epoch=n,
       validation_data=data.val, callbacks=callbacks,
@@ -75,12 +83,23 @@ def run_fit(model: keras.Model, optimizer: keras.optimizers.Optimizer, data: Dat
     fit(epoch * spe, epoch, cfg.epochs, spe)
 
 
-def evaluate(steps: steps_lib.Steps, val) -> Logs:
+def evaluate(steps: steps_lib.Steps, val,
+             callbacks: keras.callbacks.CallbackList | None = None) -> Logs:
+  """The validation pass, with the test-batch callbacks fit's validation calls."""
   steps.reset()
   logs = {}
-  for images, labels in val:
+  if callbacks:
+    callbacks.on_test_begin()
+  for batch, (images, labels) in enumerate(val):
+    if callbacks:
+      callbacks.on_test_batch_begin(batch)
     logs = steps.eval_step(images, labels)
-  return {k: float(v) for k, v in logs.items()}
+    if callbacks:
+      callbacks.on_test_batch_end(batch, {k: float(v) for k, v in logs.items()})
+  logs = {k: float(v) for k, v in logs.items()}
+  if callbacks:
+    callbacks.on_test_end(logs)
+  return logs
 
 
 def run_custom(model: keras.Model, optimizer: keras.optimizers.Optimizer, data: Data,
@@ -98,6 +117,9 @@ def run_custom(model: keras.Model, optimizer: keras.optimizers.Optimizer, data: 
       callbacks, add_history=True, add_progbar=cfg.verbose != 0,
       verbose=console.keras_verbose(cfg.verbose),
       epochs=cfg.epochs, steps=data.steps_per_epoch, model=model)
+  for callback in callbacks.callbacks:  # A resumed epoch's metric state goes here.
+    if isinstance(callback, checkpoint.RunningMetrics):
+      callback.use(lambda: steps.metrics)
   iterator = iter(strategy.experimental_distribute_dataset(data.train_from(start_step)))
   epoch_logs: Logs = {}
   callbacks.on_train_begin()
@@ -111,7 +133,7 @@ def run_custom(model: keras.Model, optimizer: keras.optimizers.Optimizer, data: 
       logs = steps.train_step(images, labels)
       callbacks.on_train_batch_end(step, logs)
     epoch_logs = {k: float(v) for k, v in logs.items()}
-    epoch_logs.update({f"val_{k}": v for k, v in evaluate(steps, val).items()})
+    epoch_logs.update({f"val_{k}": v for k, v in evaluate(steps, val, callbacks).items()})
     callbacks.on_epoch_end(epoch, epoch_logs)
   callbacks.on_train_end(epoch_logs)
 

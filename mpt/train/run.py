@@ -183,7 +183,7 @@ def train_and_evaluate(cfg: config.Config,
     rundir.write_json(out_dir / "dtypes.json", report)
     if dist.is_chief:
       print(dtypes_lib.one_line(report), flush=True)
-  sampler = sampler_lib.Sampler(cfg.sample_every) \
+  sampler = sampler_lib.Sampler(cfg.sample_every, state=prior.get("sampler")) \
       if cfg.instrument and dist.is_chief else None
   cbs = callbacks_lib.make(
       cfg, out_dir=str(out_dir), profile_dir=str(run_dir), start_step=start_step,
@@ -201,8 +201,10 @@ def train_and_evaluate(cfg: config.Config,
              **({"inspect/dtypes": dtypes_lib.format_table(report, markdown=True)}
                 if report else {})},
       hparams=_hparams(cfg) if cfg.instrument and not cfg.resume else None,
-      state=lambda timer: {"timer": timer.state(),
-                           "wall_s": prior_wall + time.perf_counter() - start})
+      state=lambda timer, metrics: {
+          "timer": timer.state(), "metrics": metrics.state(),
+          "sampler": sampler.state() if sampler else None,
+          "wall_s": prior_wall + time.perf_counter() - start})
   run = summary_lib.RunState(cfg, str(run_dir), policy, data, optimizer, cbs.timer,
                              ckpt, dist, speed, report, sampler,
                              choice, mem)
