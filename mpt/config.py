@@ -24,7 +24,8 @@ STRATEGIES = ("default", "mirrored", "multi_worker", "tpu")
 # this against the options classes.
 # Flags added after runs were recorded, and the value a run without them had (a
 # flags.txt without --batchnorm ran Keras' layer, whatever the default is now).
-FLAGS_ADDED_LATER = {"batchnorm": "keras", "checkpoint": True, "force": False}
+FLAGS_ADDED_LATER = {"batchnorm": "keras", "checkpoint": True, "force": False,
+                     "collective_timeout": 300.0}
 OTHER_MODES_FLAGS = frozenset({
     "mode", "run", "batch_sizes", "policies", "loops", "image_sizes", "models",
     "jit_compiles", "cell_timeout", "microbench_sizes", "microbench_dtypes",
@@ -112,6 +113,11 @@ class Config:
   cpu_devices: int = flag(0, "Split the CPU into N logical devices, so that "
                             "--strategy=mirrored runs N replicas on a CPU-only "
                             "machine; 0 = leave the CPU as one device.", lower_bound=0)
+  collective_timeout: float = flag(
+      300.0, "multi_worker: seconds a worker waits at a collective (a step's "
+      "all-reduce, a checkpoint) for the others before it stops the run as "
+      "interrupted, saying which; a dead worker is noticed sooner, by TensorFlow's "
+      "heartbeats. 0 = wait forever.", lower_bound=0)
   sync_batchnorm: bool = flag(
       True, "With more than one replica, BatchNorm statistics over the global batch "
       "(Keras synchronized=True), so results match one device; --nosync_batchnorm "

@@ -17,6 +17,7 @@ TensorFlow) can check the variable before its first cell.
 import os
 import signal
 import sys
+import time
 
 from mpt.errors import UserError
 
@@ -35,7 +36,7 @@ def injected_faults() -> list[tuple[str, int, str]]:
   return faults
 
 
-KILL_MOMENTS = ("begin", "end", "save", "eval")
+KILL_MOMENTS = ("begin", "end", "save", "eval", "hang")
 
 
 def kill_at() -> tuple[str, int] | None:
@@ -51,10 +52,15 @@ def kill_at() -> tuple[str, int] | None:
 
 
 def kill_point(moment: str, step: int) -> None:
-  """SIGKILL to this process if `MPT_KILL_AT` names this moment of this step."""
-  if kill_at() == (moment, step):
+  """SIGKILL to this process if `MPT_KILL_AT` names this moment of this step (at
+  `end` of it, `hang` instead sleeps for good)."""
+  at = kill_at()
+  if at == (moment, step):
     sys.stdout.flush()
     os.kill(os.getpid(), signal.SIGKILL)
+  if moment == "end" and at == ("hang", step):
+    while True:
+      time.sleep(3600)
 
 
 def inject_run_fault(batch_size: int, policy: str) -> None:

@@ -158,8 +158,13 @@ def setup(cfg: Config) -> Setup:
     return Setup(strategy, "mirrored", strategy.num_replicas_in_sync, 1, "local", True,
                  devices)
   if cfg.strategy == "multi_worker":
+    # A worker that stops answering (hung, stopped, partitioned) must not hold the
+    # others at the next collective forever: past the timeout the collective fails
+    # with DeadlineExceededError and the run stops as interrupted (mpt/train/run.py).
+    options = tf.distribute.experimental.CommunicationOptions(
+        timeout_seconds=cfg.collective_timeout or None)
     try:
-      strategy = tf.distribute.MultiWorkerMirroredStrategy()
+      strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
     except RuntimeError as e:  # e.g. "Collective ops must be configured at startup"
       raise UserError(f"--strategy=multi_worker could not start: {e}; start mpt in a "
                       "fresh process") from None

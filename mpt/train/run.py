@@ -74,6 +74,7 @@ def _prepare(cfg: config.Config):
   """Everything before the first step; UserError before any work where possible."""
   config.validate(cfg)
   injection.injected_faults()  # A malformed MPT_INJECT_FAULT is bad input, said now.
+  injection.kill_at()  # So is a malformed MPT_KILL_AT.
   # First: devices and collectives can only be set up before TF's runtime starts.
   dist = distribute.setup(cfg)
   distribute.check_batch(cfg, dist)
@@ -232,6 +233,22 @@ def train_and_evaluate(cfg: config.Config,
     status = "diverged"
     message = (f"mpt: {e}; last good checkpoint: {ckpt.latest or 'none'} "
                f"(resume with --resume={run_dir})")
+  except (tf.errors.UnavailableError, tf.errors.DeadlineExceededError) as e:
+    if dist.workers < 2:
+      message = f"{type(e).__name__}: {e}".strip()[:2000]
+      raise
+    # A worker died (TF's heartbeats noticed) or stopped answering for
+    # --collective_timeout: collectives are aborted here, so nothing more is saved.
+    status = "interrupted"
+    lines = [l.strip() for l in str(e).splitlines() if l.strip()] or [""]
+    why = next((l for l in lines if "aborted by" in l or "timed out" in l), lines[0])
+    if isinstance(e, tf.errors.DeadlineExceededError):
+      why = f"no answer within --collective_timeout={cfg.collective_timeout:g} s: {why}"
+    folder = run_dir if dist.is_chief or cfg.resume else "<the chief's run folder>"
+    message = (f"mpt: interrupted at step {cbs.counter.done}: another worker of the "
+               f"cluster stopped answering ({why[:300]}); restart every "
+               f"worker with --resume={folder} (from the chief's last checkpoint"
+               f"{': ' + str(ckpt.latest) if dist.is_chief else ''})")
   except tf.errors.ResourceExhaustedError as e:  # An allocation TF could not make.
     status = "oom"
     first = (str(e).strip().splitlines() or [""])[0][:300]
