@@ -120,6 +120,8 @@ def _achieved(s: RunSummary) -> str:
     ceiling, peak = s.peak_gflops, " peak"
   if not ceiling:
     return f"{achieved:.1f} / -"
+  if achieved > ceiling:  # Then it was no ceiling: say so rather than print 695%.
+    return f"{achieved:.1f} / {ceiling:.0f}{peak} (above it: not a ceiling)"
   return f"{achieved:.1f} / {ceiling:.0f}{peak} ({achieved / ceiling:.0%})"
 
 

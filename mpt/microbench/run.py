@@ -146,8 +146,13 @@ def run(cfg: config.Config, opts: options_lib.MicrobenchOptions) -> dict[str, An
   drawn = report.write_events(run_dir, results, other)
   if drawn != "microbench.png":
     print(f"mpt: {drawn}", flush=True)
-  cached = rates.save_cache(results)
   kernels.save(results["kernels"])  # This interpreter's TF, this machine's kernels.
-  print(f"mpt: wrote {run_dir / 'microbench.json'} (cached as {cached}); "
-        f"{results['seconds']:.0f} s", flush=True)
+  if opts.quick:  # Small matrices measure far below what a model's step reaches.
+    print(f"mpt: wrote {run_dir / 'microbench.json'}; {results['seconds']:.0f} s. Not "
+          "cached as this machine's rates (--quick's small matrices measure below "
+          "what training reaches): run --mode=microbench for them", flush=True)
+  else:
+    cached = rates.save_cache(results)
+    print(f"mpt: wrote {run_dir / 'microbench.json'} (cached as {cached}); "
+          f"{results['seconds']:.0f} s", flush=True)
   return summary

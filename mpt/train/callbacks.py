@@ -67,8 +67,10 @@ class RunCallbacks:
   def ordered(self) -> list[keras.callbacks.Callback]:
     first = [c for c in (self.counter, self.metrics, self.window, self.faults)
              if c is not None]
-    last = [c for c in (self.lines, self.kills) if c is not None]
-    return first + [self.timer, self.writer, self.guard, self.checkpoints, self.stop] + last
+    lines = [self.lines] if self.lines else []
+    kills = [self.kills] if self.kills else []
+    return (first + [self.timer, self.writer, self.guard, self.checkpoints] + lines +
+            [self.stop] + kills)
 
 
 def make(cfg: Config, *, out_dir: str, profile_dir: str, start_step: int,
@@ -101,8 +103,8 @@ def make(cfg: Config, *, out_dir: str, profile_dir: str, start_step: int,
   checkpoints = checkpoint.CheckpointCallback(
       ckpt, cfg.checkpoint_every, steps_per_epoch, lambda: counter.done,
       lambda: state(timer, metrics), enabled=cfg.checkpoint, flush=writer.flush)
-  found = RunCallbacks(counter, timer, writer, guard, checkpoints, guards.SignalStop(),
-                       metrics)
+  found = RunCallbacks(counter, timer, writer, guard, checkpoints,
+                       guards.SignalStop(lambda: counter.done, steps_per_epoch), metrics)
   if injection.kill_at():
     found.kills = guards.KillPoints(lambda: counter.done)
   found.lines = console.epoch_lines(

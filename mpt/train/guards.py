@@ -4,8 +4,9 @@
   loss scale fell below `--min_loss_scale` (gradients stay non-finite however far the
   scale drops). It raises `Diverged` at the end of the step, before the checkpoint
   callback runs, so the last good checkpoint is never overwritten.
-- `SignalStop` turns SIGINT and SIGTERM into a clean stop at the next step boundary
-  (checkpoint, events, summary.json `interrupted`); a second signal exits at once.
+- `SignalStop` turns SIGINT and SIGTERM into a clean stop at the next step boundary,
+  or after the epoch's evaluation when that step ends an epoch (checkpoint, events,
+  summary.json `interrupted`); a second signal exits at once.
 - `FaultInjector` multiplies the loss by `--fault_factor` during `--fault_steps`, the
   same way in both loops (the shared loss reads the factor variable), to exercise
   loss scaling (1e30 overflows float16 gradients) and divergence (nan).
@@ -61,11 +62,15 @@ class DivergenceGuard(keras.callbacks.Callback):
 
 
 class SignalStop(keras.callbacks.Callback):
-  """Defers SIGINT/SIGTERM to the end of the running step."""
+  """Defers SIGINT/SIGTERM to the end of the running step, or, when that step ends an
+  epoch, to the epoch's end: after its evaluation and its checkpoint (callbacks.py
+  puts this callback after the checkpoint's), which a stop before the evaluation
+  could not keep (mpt/train/checkpoint.py). `steps()` is the global steps completed."""
 
-  def __init__(self):
+  def __init__(self, steps: Callable[[], int] = lambda: 1, steps_per_epoch: int = 0):
     super().__init__()
     self.signal: int | None = None
+    self.steps, self.steps_per_epoch = steps, steps_per_epoch
     self._previous = {}
 
   def install(self) -> "SignalStop":
@@ -84,13 +89,18 @@ class SignalStop(keras.callbacks.Callback):
       os._exit(130)
     self.signal = signum
     sys.stderr.write(f"\nmpt: {signal.Signals(signum).name}: stopping after this step "
-                     "(again to exit at once)\n")
+                     "(or this epoch's evaluation; again to exit at once)\n")
 
-  def on_train_batch_end(self, batch, logs=None):
+  def _stop(self) -> None:
     if self.signal is not None:
       raise Interrupted(signal.Signals(self.signal).name)
 
-  on_test_batch_end = on_train_batch_end
+  def on_train_batch_end(self, batch, logs=None):
+    if not self.steps_per_epoch or self.steps() % self.steps_per_epoch:
+      self._stop()
+
+  def on_epoch_end(self, epoch, logs=None):
+    self._stop()
 
 
 class FaultInjector(keras.callbacks.Callback):

@@ -3,8 +3,8 @@
 Both take the same model, optimizer, `Data` and Keras callbacks. `fit` hands them to
 Keras; `custom` drives mpt's own tf.function steps (mpt/train/steps.py) through a Keras
 `CallbackList` in the same order fit does (train begin, epoch begin, batch begin/end,
-validation with its test-batch calls, epoch end), so the same callbacks time, log and draw the progress bar for
-both, and a batch's logs are materialised (`pythonify_logs`) before any callback sees
+validation with its test-batch calls, epoch end), so the same callbacks time, log and
+draw the progress bar for both, and a batch's logs are materialised (`pythonify_logs`) before any callback sees
 them: the step's result exists when its time is taken.
 
 Both run under the strategy whose scope mpt/train/run.py entered (mpt/train/distribute.py):

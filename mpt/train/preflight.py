@@ -9,6 +9,8 @@ the cached data), and the host's available RAM (a GPU's own memory where the ste
 runs on one). `estimates()` is what summary.json and `--mode=inspect` record.
 """
 
+import pathlib
+import shutil
 from typing import Any
 
 from mpt.errors import UserError
@@ -81,3 +83,33 @@ def table(ests: dict[str, memory.Estimate], available_mb: float,
                     f"~{r['largest_batch']}" for p, r in rows.items()))
   return {"batch_size": batch, "available_mb": round(available_mb, 1),
           "available": where, "policies": rows, "text": text}
+
+
+def for_run(cfg, report: dict[str, Any], trainable: int, replicas: int, workers: int,
+            gpu: bool, remove: pathlib.Path | None = None) -> dict[str, Any]:
+  """A training run's check, before its first step: the estimate under each policy
+  at the per-replica batch, with the process's RSS now as the baseline, against what
+  the device has. A run that will not fit raises WillNotFit (its new, empty folder
+  `remove` removed first) unless --force; otherwise the plan summary.json records."""
+  ests = estimates(report, cfg.batch_size // replicas, trainable, memory.rss_mb())
+  available, where = memory.available_mb(gpu)
+  # Replicas on logical CPU devices of this worker share its RAM; GPUs have their own.
+  sharing = 1 if gpu else max(1, replicas // max(1, workers))
+  try:
+    warning = check(cfg.policy, ests, cfg.force, available, where, sharing=sharing,
+                    replicas=replicas)
+  except WillNotFit:
+    if remove is not None:
+      shutil.rmtree(remove, ignore_errors=True)
+    raise
+  if warning:
+    print(warning, flush=True)
+  return {"estimate": ests[cfg.policy].to_dict(),
+          "estimate_mb_by_policy": {p: round(e.total_mb, 1) for p, e in ests.items()},
+          # Each policy's estimate as a line in the per-replica batch (sweeps read it).
+          "policies": {p: {"fixed_mb": round(e.fixed_mb, 2),
+                           "per_example_mb": round(e.per_example_mb, 5),
+                           "baseline_mb": round(e.baseline_mb, 2)}
+                       for p, e in ests.items()},
+          "available_mb": round(available, 1), "available": where,
+          "replicas": replicas}

@@ -1,5 +1,5 @@
-"""One training run, start to finish: `train_and_evaluate(cfg)` -> summary dict; and
-`inspect_only(cfg)` (`--mode=inspect`), the same model built without training.
+"""One training run, start to finish: `train_and_evaluate(cfg)` -> summary dict.
+(`--mode=inspect`, the same model built without training, is mpt/train/inspect.py.)
 
 Checks the config, creates the tf.distribute strategy (mpt/train/distribute.py), sets
 the precision policy, loads the data, builds the model and the optimizer under the
@@ -168,7 +168,10 @@ def train_and_evaluate(cfg: config.Config,
   # The dtype report: the memory estimate's layer sizes, and dtypes.json.
   with dist.strategy.scope():
     inspected = dtypes_lib.inspect_model(model, seed=cfg.seed)
-  mem = _preflight(cfg, inspected, model, dist, run_dir)
+  mem = preflight.for_run(
+      cfg, inspected, sum(int(np.prod(v.shape)) for v in model.trainable_variables),
+      dist.replicas, dist.workers, gpu=bool(tf.config.list_logical_devices("GPU")),
+      remove=run_dir if not cfg.resume and dist.is_chief else None)
   ckpt = checkpoint.Checkpointer(run_dir, model, optimizer, cfg.keep_checkpoints,
                                  write_dir=out_dir)
   start_step, prior = 0, {}
@@ -295,71 +298,7 @@ def train_and_evaluate(cfg: config.Config,
   return summary.to_dict()
 
 
-def _preflight(cfg: config.Config, report: dict[str, Any], model, dist,
-               run_dir: pathlib.Path) -> dict[str, Any]:
-  """The memory estimate under each policy, checked against what the host has: a
-  run that will not fit stops here (its new, empty folder removed) unless --force."""
-  trainable = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
-  ests = preflight.estimates(report, cfg.batch_size // dist.replicas, trainable,
-                             memory.rss_mb())
-  gpu = bool(tf.config.list_logical_devices("GPU"))
-  available, where = memory.available_mb(gpu)
-  # Replicas on logical CPU devices of this worker share its RAM; GPUs have their own.
-  sharing = 1 if gpu else max(1, dist.replicas // max(1, dist.workers))
-  try:
-    warning = preflight.check(cfg.policy, ests, cfg.force, available, where,
-                              sharing=sharing, replicas=dist.replicas)
-  except preflight.WillNotFit:
-    if not cfg.resume and dist.is_chief:
-      shutil.rmtree(run_dir, ignore_errors=True)
-    raise
-  if warning:
-    print(warning, flush=True)
-  return {"estimate": ests[cfg.policy].to_dict(),
-          "estimate_mb_by_policy": {p: round(e.total_mb, 1) for p, e in ests.items()},
-          # Each policy's estimate as a line in the per-replica batch (sweeps read it).
-          "policies": {p: {"fixed_mb": round(e.fixed_mb, 2),
-                           "per_example_mb": round(e.per_example_mb, 5),
-                           "baseline_mb": round(e.baseline_mb, 2)}
-                       for p, e in ests.items()},
-          "available_mb": round(available, 1), "available": where,
-          "replicas": dist.replicas}
-
-
 def _hparams(cfg: config.Config) -> dict[str, Any]:
   return {k: getattr(cfg, k) for k in ("policy", "loop", "model", "batch_size",
                                        "image_size", "jit_compile", "dataset", "strategy",
                                        "model_opts", "batchnorm")}
-
-
-def inspect_only(cfg: config.Config) -> dict[str, Any]:
-  """`--mode=inspect`: the dtype report of `cfg.model` under `cfg.policy`, no training.
-
-  The model gets 10 classes (Imagenette's) and `--image_size` inputs; the report is
-  printed and written to a run folder as dtypes.json and a TensorBoard text summary.
-  """
-  config.validate(cfg)
-  if cfg.policy == "auto":
-    raise UserError("--policy=auto times training steps: use it with --mode=train")
-  models.parse_opts(cfg.model, cfg.model_opts)  # Checks the name and the options.
-  rundir.check_root(cfg)
-  keras.backend.clear_session()
-  keras.utils.set_random_seed(cfg.seed)
-  print(precision.describe(precision.set_policy(cfg.policy)))
-  model = build_model(cfg, 10)
-  report = dtypes_lib.inspect_model(model, seed=cfg.seed)
-  print(dtypes_lib.format_table(report))
-  trainable = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
-  # No data is loaded here: the cache the run would fill is added to the baseline.
-  ests = preflight.estimates(report, cfg.batch_size, trainable,
-                             memory.rss_mb() + preflight.data_cache_mb(cfg))
-  available, where = memory.available_mb(bool(tf.config.list_logical_devices("GPU")))
-  mem = preflight.table(ests, available, where)
-  print(mem["text"])
-  run_dir = rundir.create(cfg, "inspect")
-  rundir.write_json(run_dir / "dtypes.json", report)
-  rundir.write_json(run_dir / "memory.json", mem)
-  with tf.summary.create_file_writer(str(run_dir)).as_default(step=0):
-    tf.summary.text("inspect/dtypes", dtypes_lib.format_table(report, markdown=True))
-  print(f"mpt: wrote {run_dir / 'dtypes.json'}")
-  return {"status": "completed", "run_dir": str(run_dir), **report, "memory": mem}

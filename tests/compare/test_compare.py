@@ -144,6 +144,19 @@ def test_figures_an_older_summary_lacks_are_computed_or_shown_as_dashes(logs):
       f"{s['ms_per_step'] / summary('bf16_seed')['ms_per_step']:.2f}x"
 
 
+def test_a_ceiling_below_the_achieved_rate_is_said_to_be_none(logs):
+  """A stale or --quick measured rate below what the run achieved is no ceiling: the
+  cell says so instead of printing a share above 100%."""
+  s = summary("f32_fit")
+  patch_summary(logs / "f32_fit", microbench_gflops=s["achieved_gflops"] / 4)
+  compare.run(CompareOptions(runs=f"{logs}/f32_fit,{logs}/f32_custom"))
+  rows = table((logs / "compare.md").read_text())
+  assert rows["f32_fit"]["achieved / ceiling GFLOP/s"] == (
+      f"{s['achieved_gflops']:.1f} / {s['achieved_gflops'] / 4:.0f} "
+      "(above it: not a ceiling)")
+  assert rows["f32_custom"]["achieved / ceiling GFLOP/s"].endswith("%)")
+
+
 @pytest.mark.parametrize("runs, message", [
     ("", "--mode=compare needs --runs="),
     ("{logs}/nothing*", "matched nothing"),

@@ -148,9 +148,9 @@ def test_a_death_of_memory_ends_in_summary_json_and_one_line(tmp_path, kind, why
 
 def test_inspect_reports_the_estimate_per_policy(tmp_path):
   from mpt import config
-  from mpt.train import run
-  result = run.inspect_only(config.Config(image_size=32, batch_size=64,
-                                          logdir=str(tmp_path)))
+  from mpt.train import inspect
+  result = inspect.inspect_only(config.Config(image_size=32, batch_size=64,
+                                              logdir=str(tmp_path)))
   mem = json.loads((pathlib.Path(result["run_dir"]) / "memory.json").read_text())
   assert set(mem["policies"]) == set(preflight.POLICIES) and mem["batch_size"] == 64
   f32, bf16 = mem["policies"]["float32"], mem["policies"]["mixed_bfloat16"]

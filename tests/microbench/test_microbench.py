@@ -236,11 +236,12 @@ def test_quick_end_to_end_with_a_second_interpreter(tmp_path):
   acc.Reload()
   assert acc.Tags()["tensors"].count("microbench/rates") == 1  # and the plot, once:
   assert (run / "microbench.png").read_bytes().startswith(b"\x89PNG")
-  cached = sorted((tmp_path / "cache" / "microbench").glob("*.json"),
-                  key=lambda p: p.name.endswith("-kernels.json"))
-  assert [p.name.endswith("-kernels.json") for p in cached] == [False, True]
-  assert rates.measured_gflops(json.loads(cached[0].read_text()), "float32") > 0
+  assert rates.measured_gflops(result, "float32") > 0
+  # --quick's rates are not the machine's: not cached for training runs to read.
+  assert "Not cached as this machine's rates" in out
+  cached = sorted((tmp_path / "cache" / "microbench").glob("*.json"))
+  assert [p.name.endswith("-kernels.json") for p in cached] == [True]
   # The kernel table: printed, in microbench.json, and cached for training runs.
   assert "Kernels per op" in out and "Conv2DBackpropFilter" in out
-  table = json.loads(cached[1].read_text())
+  table = json.loads(cached[0].read_text())
   assert table["rows"] == result["kernels"]["rows"] and len(table["rows"]) == 38

@@ -101,6 +101,6 @@ def test_auto_is_for_single_training_runs(tiny, tmp_path):
     sweep.run(tiny(policy="auto"), SweepOptions())
   with pytest.raises(UserError, match="--policy=auto is for single runs"):
     sweep.run(tiny(), SweepOptions(policies="float32,auto"))
-  from mpt.train import run
+  from mpt.train import inspect
   with pytest.raises(UserError, match="use it with --mode=train"):
-    run.inspect_only(tiny(policy="auto"))
+    inspect.inspect_only(tiny(policy="auto"))

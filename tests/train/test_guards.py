@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from mpt.train import guards
 from mpt.train import run as train
 
 from helpers import ROOT, read_scalars, start_and_wait_for_an_epoch, tiny_cli
@@ -91,3 +92,19 @@ def test_sigterm_saves_a_checkpoint_and_says_interrupted(tmp_path, children, loo
   assert summary["status"] == "interrupted" and summary["loop"] == loop
   assert summary["checkpoint"].endswith(f"ckpt-{summary['steps']}")
   assert f"interrupted at step {summary['steps']}" in out
+
+
+def test_a_stop_at_an_epochs_last_step_waits_for_its_evaluation_and_checkpoint():
+  """A signal during an epoch's last step (or its evaluation) stops the run at the
+  epoch's end, after the checkpoint, which a stop before evaluation could not keep;
+  during any other step, at that step's end."""
+  done = [3]
+  stop = guards.SignalStop(lambda: done[0], steps_per_epoch=2)
+  stop.signal = signal.SIGTERM
+  with pytest.raises(guards.Interrupted, match="SIGTERM"):
+    stop.on_train_batch_end(0)  # Step 3, with epochs of 2 steps: mid-epoch.
+  done[0] = 4
+  stop.on_train_batch_end(1)  # The epoch's last step: not yet,
+  stop.on_test_batch_end(0)  # nor during its evaluation,
+  with pytest.raises(guards.Interrupted, match="SIGTERM"):  # but at the epoch's end.
+    stop.on_epoch_end(1)

@@ -1,0 +1,54 @@
+"""`--mode=inspect`: the model a run would train, built without training: its dtype
+report per layer (mpt/measure/dtypes.py) and the memory estimate under each policy
+(mpt/train/preflight.py), printed and written to a run folder (dtypes.json,
+memory.json, a TensorBoard text).
+"""
+
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from mpt import config
+from mpt import models
+from mpt.errors import UserError
+from mpt.measure import dtypes as dtypes_lib
+from mpt.measure import memory
+from mpt.records import rundir
+from mpt.train import precision
+from mpt.train import preflight
+from mpt.train.run import build_model
+
+
+def inspect_only(cfg: config.Config) -> dict[str, Any]:
+  """`--mode=inspect`: the dtype report of `cfg.model` under `cfg.policy`, no training.
+
+  The model gets 10 classes (Imagenette's) and `--image_size` inputs; the report is
+  printed and written to a run folder as dtypes.json and a TensorBoard text summary.
+  """
+  config.validate(cfg)
+  if cfg.policy == "auto":
+    raise UserError("--policy=auto times training steps: use it with --mode=train")
+  models.parse_opts(cfg.model, cfg.model_opts)  # Checks the name and the options.
+  rundir.check_root(cfg)
+  keras.backend.clear_session()
+  keras.utils.set_random_seed(cfg.seed)
+  print(precision.describe(precision.set_policy(cfg.policy)))
+  model = build_model(cfg, 10)
+  report = dtypes_lib.inspect_model(model, seed=cfg.seed)
+  print(dtypes_lib.format_table(report))
+  trainable = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
+  # No data is loaded here: the cache the run would fill is added to the baseline.
+  ests = preflight.estimates(report, cfg.batch_size, trainable,
+                             memory.rss_mb() + preflight.data_cache_mb(cfg))
+  available, where = memory.available_mb(bool(tf.config.list_logical_devices("GPU")))
+  mem = preflight.table(ests, available, where)
+  print(mem["text"])
+  run_dir = rundir.create(cfg, "inspect")
+  rundir.write_json(run_dir / "dtypes.json", report)
+  rundir.write_json(run_dir / "memory.json", mem)
+  with tf.summary.create_file_writer(str(run_dir)).as_default(step=0):
+    tf.summary.text("inspect/dtypes", dtypes_lib.format_table(report, markdown=True))
+  print(f"mpt: wrote {run_dir / 'dtypes.json'}")
+  return {"status": "completed", "run_dir": str(run_dir), **report, "memory": mem}
