@@ -171,8 +171,12 @@ def test_a_worker_that_dies_or_hangs_stops_the_cluster_which_then_resumes(
   run = tmp_path / "logs" / "mw"
   summary = json.loads((run / "summary.json").read_text())
   assert chief.returncode == 130 and summary["status"] == "interrupted", err[-3000:]
-  assert summary["steps"] == 3 and "another worker of the cluster stopped answering" \
-      in summary["message"] and f"--resume={run}" in summary["message"]
+  # A hung worker still serves step 3's last all-reduce exchange; a dead one may have
+  # died before the chief fetched its share (its own step 3 complete): then the
+  # chief's step 3 fails too.
+  assert summary["steps"] in ((3,) if fault.startswith("hang") else (2, 3)), summary
+  assert "another worker of the cluster stopped answering" in summary["message"]
+  assert f"--resume={run}" in summary["message"]
   if fault.startswith("hang"):
     assert "no answer within --collective_timeout=20 s" in summary["message"]
   worker.kill()
