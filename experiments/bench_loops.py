@@ -27,15 +27,12 @@ from absl import flags
 
 import benchlib
 
-flags.DEFINE_list("image_sizes", ["64", "256"], "Image sizes to measure.")
-flags.DEFINE_list("policies", ["float32", "mixed_bfloat16", "mixed_float16"], "")
+benchlib.define_grid_flags()
+for _name in benchlib.GRID_FLAGS:
+  flags.declare_key_flag(_name)
 flags.DEFINE_list("loops", ["fit", "custom"], "")
-flags.DEFINE_integer("batch_size", 32, "")
-flags.DEFINE_integer("steps", 30, "Train steps per cell, warm-up included.")
-flags.DEFINE_integer("warmup", 5, "Leading steps left out of the median.")
 flags.DEFINE_string("out", "logs/bench_loops", "Logs root for the cells' run folders.")
 flags.DEFINE_list("batchnorms", ["keras"], "--batchnorm kinds to measure.")
-flags.DEFINE_integer("repeats", 1, "Interleaved repeats of every cell.")
 FLAGS = flags.FLAGS
 
 

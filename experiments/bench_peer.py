@@ -37,13 +37,10 @@ import benchlib
 from mpt.diagnose import opstats
 from mpt.machine import isa
 
-flags.DEFINE_list("image_sizes", ["64", "256"], "Image sizes to measure.")
-flags.DEFINE_list("policies", ["float32", "mixed_bfloat16", "mixed_float16"], "")
+benchlib.define_grid_flags()
+for _name in benchlib.GRID_FLAGS:
+  flags.declare_key_flag(_name)
 flags.DEFINE_list("batchnorms", ["keras", "fused"], "BatchNorm kinds for mpt and Keras.")
-flags.DEFINE_integer("batch_size", 32, "")
-flags.DEFINE_integer("steps", 30, "Train steps per cell, warm-up included.")
-flags.DEFINE_integer("warmup", 5, "Leading steps left out of the median.")
-flags.DEFINE_integer("repeats", 1, "Interleaved repeats of every cell.")
 flags.DEFINE_bool("profile", False, "Top ops of mpt's and PyTorch's 16-bit step.")
 flags.DEFINE_string("out", "logs/bench_peer", "Logs root for mpt's run folders.")
 FLAGS = flags.FLAGS

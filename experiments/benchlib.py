@@ -11,7 +11,25 @@ import subprocess
 import sys
 import time
 
+from absl import flags
+
 from mpt.train import distribute
+
+
+GRID_FLAGS = ("image_sizes", "policies", "batch_size", "steps", "warmup", "repeats")
+
+
+def define_grid_flags() -> None:
+  """The flags of a seed-convnet grid measured cell by cell (bench_loops.py,
+  bench_peer.py): image sizes x policies at one batch, a median over the steps after
+  warm-up, interleaved repeats. (The script declares them its key flags, GRID_FLAGS,
+  for --helpshort: absl ties that to the calling module.)"""
+  flags.DEFINE_list("image_sizes", ["64", "256"], "Image sizes to measure.")
+  flags.DEFINE_list("policies", ["float32", "mixed_bfloat16", "mixed_float16"], "")
+  flags.DEFINE_integer("batch_size", 32, "")
+  flags.DEFINE_integer("steps", 30, "Train steps per cell, warm-up included.")
+  flags.DEFINE_integer("warmup", 5, "Leading steps left out of the median.")
+  flags.DEFINE_integer("repeats", 1, "Interleaved repeats of every cell.")
 
 
 def run_cell(out: str, name: str, workers: int = 1, **flags) -> dict:

@@ -67,7 +67,7 @@ class SignalStop(keras.callbacks.Callback):
   puts this callback after the checkpoint's), which a stop before the evaluation
   could not keep (mpt/train/checkpoint.py). `steps()` is the global steps completed."""
 
-  def __init__(self, steps: Callable[[], int] = lambda: 1, steps_per_epoch: int = 0):
+  def __init__(self, steps: Callable[[], int], steps_per_epoch: int):
     super().__init__()
     self.signal: int | None = None
     self.steps, self.steps_per_epoch = steps, steps_per_epoch
@@ -96,7 +96,7 @@ class SignalStop(keras.callbacks.Callback):
       raise Interrupted(signal.Signals(self.signal).name)
 
   def on_train_batch_end(self, batch, logs=None):
-    if not self.steps_per_epoch or self.steps() % self.steps_per_epoch:
+    if self.steps() % self.steps_per_epoch:
       self._stop()
 
   def on_epoch_end(self, epoch, logs=None):
