@@ -66,14 +66,17 @@ def kill_point(moment: str, step: int) -> None:
 def inject_run_fault(batch_size: int, policy: str) -> None:
   """Ends this run as `MPT_INJECT_FAULT` asks for its batch size and policy, right
   before its first step: `oom` raises TensorFlow's ResourceExhaustedError (as when an
-  allocation fails), `kill` sends SIGKILL to itself (as the kernel's OOM killer does),
-  `fail` raises an exception (as a bug). No memory is exhausted: a real OOM cannot be
-  forced portably, and a sweep's handling of each ending must still be testable."""
+  allocation fails), `kill` sends SIGKILL to itself as the kernel's OOM killer does
+  (counting the kill in the stand-in counters `MPT_OOM_KILLS` names, if any, as the
+  kernel counts its own: mpt/supervisor.py), `fail` raises an exception (as a bug). No
+  memory is exhausted: a real OOM cannot be forced portably, and a sweep's handling of
+  each ending must still be testable."""
   for kind, batch, only in injected_faults():
     if batch != batch_size or only not in ("", policy):
       continue
     spec = f"{kind}:{batch}" + (f"/{only}" if only else "")
     if kind == "kill":
+      _count_oom_kill()
       sys.stdout.flush()
       os.kill(os.getpid(), signal.SIGKILL)
     if kind == "oom":
@@ -82,3 +85,17 @@ def inject_run_fault(batch_size: int, policy: str) -> None:
           None, None, f"OOM when allocating tensor with batch {batch_size} "
           f"(injected: MPT_INJECT_FAULT={spec})")
     raise RuntimeError(f"injected failure (MPT_INJECT_FAULT={spec})")
+
+
+def _count_oom_kill() -> None:
+  """One more `oom_kill` in the stand-in counter file, if `MPT_OOM_KILLS` names one."""
+  from mpt import supervisor  # Its reader owns the variable and the file's format.
+  path = os.environ.get(supervisor.OOM_KILLS_ENV)
+  if not path:
+    return
+  try:
+    count = int(open(path).read().split()[-1])
+  except (OSError, ValueError, IndexError):
+    count = 0
+  with open(path, "w") as f:
+    f.write(f"oom_kill {count + 1}\n")

@@ -2,6 +2,12 @@
 trains in a child it watches, so that a segfault, the kernel's OOM killer or an abort
 ends in summary.json (status `oom`) and one line, not in a fault-handler dump.
 
+A SIGKILL is the OOM killer's only when the kernel counted an OOM kill while the child
+ran (`oom_kills`: the memory cgroup's and the host's counters, Linux >= 4.13); one
+without such a count came from outside (a user, a scheduler) and ends as
+`interrupted`, resumable from the last checkpoint. Where no counter is readable, a
+SIGKILL is taken for memory, as before the counters existed.
+
 The parent imports no TensorFlow and does nothing else: the child gets the same
 arguments and the terminal, its own process group (so that Ctrl-C reaches it once,
 forwarded by the parent), and dies with the parent (PR_SET_PDEATHSIG on Linux), so
@@ -23,6 +29,12 @@ from mpt.records import summary as summary_lib
 ENV = "MPT_SUPERVISED"
 RUN_DIR_FILE = "MPT_RUN_DIR_FILE"
 OOM_EXIT = 4
+KILLED_EXIT = 128 + signal.SIGKILL  # As a shell reports a killed command.
+# A file of `oom_kill N` lines standing in for the kernel's counters (tests: another
+# process of the host may be OOM-killed while one runs).
+OOM_KILLS_ENV = "MPT_OOM_KILLS"
+PROC = pathlib.Path("/proc")
+CGROUP = pathlib.Path("/sys/fs/cgroup")
 # Deaths that memory explains far more often than anything else: SIGKILL (the kernel's
 # OOM killer), SIGSEGV/SIGBUS (an allocation that failed where nothing checked it),
 # SIGABRT (std::bad_alloc through TF's C++).
@@ -40,6 +52,45 @@ def note_run_dir(run_dir: pathlib.Path) -> None:
     pathlib.Path(target).write_text(str(run_dir))
 
 
+def _counter_files() -> list[pathlib.Path]:
+  """The kernel's OOM-kill counters for this process: its memory cgroup's (v2
+  memory.events, v1 memory.oom_control) and the host's (/proc/vmstat)."""
+  if os.environ.get(OOM_KILLS_ENV):
+    return [pathlib.Path(os.environ[OOM_KILLS_ENV])]
+  files = [PROC / "vmstat"]
+  try:
+    lines = (PROC / "self" / "cgroup").read_text().splitlines()
+  except OSError:
+    lines = []
+  for line in lines:
+    _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+    if controllers == "":
+      files.append(CGROUP / path.lstrip("/") / "memory.events")
+    elif "memory" in controllers.split(","):
+      files.append(CGROUP / "memory" / path.lstrip("/") / "memory.oom_control")
+  return files
+
+
+def oom_kills() -> dict[str, int]:
+  """Each readable OOM-kill counter's value, by file; empty where none is readable."""
+  counts = {}
+  for path in _counter_files():
+    try:
+      for line in path.read_text().splitlines():
+        key, _, value = line.partition(" ")
+        if key == "oom_kill" and value.strip().isdigit():
+          counts[str(path)] = int(value)
+    except OSError:
+      continue
+  return counts
+
+
+def oom_killed(before: dict[str, int], after: dict[str, int]) -> bool | None:
+  """Whether a counter rose between the two readings; None if none was read twice."""
+  both = before.keys() & after.keys()
+  return any(after[k] > before[k] for k in both) if both else None
+
+
 def _die_with_parent() -> None:
   try:
     ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG (Linux).
@@ -49,10 +100,12 @@ def _die_with_parent() -> None:
 
 def run(argv: list[str]) -> int:
   """Runs `python -m mpt.main argv[1:]` as a watched child; returns its exit status,
-  or OOM_EXIT after recording a memory death."""
+  or, after recording a death by signal, OOM_EXIT (memory), KILLED_EXIT (a SIGKILL
+  from outside) or 1."""
   with tempfile.NamedTemporaryFile(prefix="mpt-run-dir-", delete=False) as f:
     marker = pathlib.Path(f.name)
   env = {**os.environ, ENV: "1", RUN_DIR_FILE: str(marker)}
+  before = oom_kills()
   proc = subprocess.Popen([sys.executable, "-m", "mpt.main", *argv[1:]], env=env,
                           start_new_session=True,
                           preexec_fn=_die_with_parent if sys.platform == "linux" else None)
@@ -67,24 +120,38 @@ def run(argv: list[str]) -> int:
     marker.unlink(missing_ok=True)
   if code >= 0:
     return code
-  return _died(signal.Signals(-code), pathlib.Path(run_dir) if run_dir else None)
+  return _died(signal.Signals(-code), pathlib.Path(run_dir) if run_dir else None,
+               oom_killed(before, oom_kills()))
 
 
-def _died(sig: signal.Signals, run_dir: pathlib.Path | None) -> int:
-  memory = sig in MEMORY_SIGNALS
-  why = (f"the training process died of {sig.name}"
-         + (", most likely out of memory" if memory else ""))
+def _died(sig: signal.Signals, run_dir: pathlib.Path | None,
+          counted: bool | None) -> int:
+  """Records the death (`counted`: whether the kernel counted an OOM kill meanwhile, None
+  if unknown) in summary.json and runs.csv, prints the last line, returns the status."""
+  resume = ""
+  if sig == signal.SIGKILL and counted is False:  # Sent from outside mpt.
+    status, code = "interrupted", KILLED_EXIT
+    why = ("the training process was killed (SIGKILL) from outside mpt, not by the "
+           "kernel's OOM killer (its OOM-kill counts did not change)")
+    resume = f"; --resume={run_dir} continues from its last checkpoint"
+  elif sig in MEMORY_SIGNALS:
+    status, code = "oom", OOM_EXIT
+    why = f"the training process died of {sig.name}" + (
+        ": the kernel counted an OOM kill while it ran" if counted
+        else ", most likely out of memory")
+  else:
+    status, code = "failed", 1
+    why = f"the training process died of {sig.name}"
   where = ""
   if run_dir and run_dir.is_dir():
     path = run_dir / "summary.json"
     summary = summary_lib.read(path) if path.exists() else summary_lib.RunSummary(
         run_dir=str(run_dir))
     if summary.status not in ("completed", "interrupted", "diverged"):
-      summary.status = "oom" if memory else "failed"
-      summary.message = why
+      summary.status = status
+      summary.message = why + (resume if summary.checkpoints else "")
       summary.write(path)
       runs_lib.record(summary)
     where = f"; {path} says so"
-  print(f"mpt: {'oom' if memory else 'failed'}: {why}{where}", file=sys.stderr,
-        flush=True)
-  return OOM_EXIT if memory else 1
+  print(f"mpt: {status}: {why}{where}", file=sys.stderr, flush=True)
+  return code

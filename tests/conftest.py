@@ -9,6 +9,9 @@ The suite reads no fact of the host it could get wrong on another machine:
   `gpu` run children that see the host's GPUs, and are skipped where there are none.
 - mpt's cache (`MPT_CACHE`: generated data, microbenchmark results) is a folder of
   this session, never the user's ~/.cache/mpt.
+- The kernel's OOM-kill counters are a file of this session (`MPT_OOM_KILLS`), which
+  only an injected `kill` fault counts in: another process of the host being
+  OOM-killed cannot turn a test's SIGKILL into an OOM, nor the reverse.
 - After each test the global precision policy is float32 again and op determinism is
   off, whatever the test did; child processes a test started are killed.
 """
@@ -69,6 +72,9 @@ def pytest_configure(config):
         else "none"
   cache = tempfile.mkdtemp(prefix="mpt-test-cache-")
   os.environ["MPT_CACHE"] = cache
+  counters = pathlib.Path(cache) / "oom_kills"
+  counters.write_text("oom_kill 0\n")
+  os.environ["MPT_OOM_KILLS"] = str(counters)
   config.add_cleanup(lambda: shutil.rmtree(cache, ignore_errors=True))
 
 

@@ -6,9 +6,10 @@ optionally image size, model, XLA), every cell its own training run in a child p
 
 A child per cell gives fresh TensorFlow state, and a crash or an out-of-memory in one
 cell cannot poison the next: `ResourceExhaustedError` in the child, or the child killed
-by the OS (SIGKILL: the OOM killer), is recorded as `OOM`; a cell past
-`--cell_timeout` seconds is killed and recorded as `timeout`; any other failure as
-`failed` with its error line. The sweep goes on either way.
+by the OS (SIGKILL while the kernel counted an OOM kill, mpt/supervisor.py), is
+recorded as `OOM`; a cell past `--cell_timeout` seconds is killed and recorded as
+`timeout`; any other failure (a SIGKILL from outside too) as `failed` with its error
+line. The sweep goes on either way.
 
 Each cell's figure is its summary.json's `ms_per_step`: the median step time after
 `--warmup_steps` (the seed took epoch 20 and skipped epoch 1; here the warm-up is
@@ -150,6 +151,7 @@ def run_cell(cfg: config.Config, cell: Cell, out: pathlib.Path,
   if run_dir.exists():  # A rerun (--force, or after a failure) starts clean.
     shutil.rmtree(run_dir)
   cmd = [sys.executable, "-m", "mpt.main", *_cell_flags(cfg, cell, out)]
+  before = supervisor.oom_kills()
   proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                           text=True, start_new_session=True)
   ended = lambda status, error="", **figures: dataclasses.replace(
@@ -164,7 +166,9 @@ def run_cell(cfg: config.Config, cell: Cell, out: pathlib.Path,
     os.killpg(proc.pid, signal.SIGINT)
     proc.communicate()
     return ended("interrupted", "Ctrl-C")
-  if proc.returncode == -signal.SIGKILL:  # Not by us: the kernel's OOM killer, mostly.
+  if proc.returncode == -signal.SIGKILL:  # Not by us; the OOM killer if it counted one.
+    if supervisor.oom_killed(before, supervisor.oom_kills()) is False:
+      return ended("failed", "killed (SIGKILL) from outside, not by the OOM killer")
     return ended("OOM", "killed (SIGKILL)")
   if proc.returncode == supervisor.OOM_EXIT or (
       proc.returncode and "ResourceExhaustedError" in stderr):

@@ -125,25 +125,34 @@ def test_the_estimate_is_within_30_percent_of_the_measured_peak(tmp_path, model,
       assert (est - base) / (peak - base) == pytest.approx(1.0, abs=0.3), (key, m)
 
 
-@pytest.mark.parametrize("kind,why", [
-    ("kill", "the training process died of SIGKILL, most likely out of memory"),
-    ("oom", "mpt: out of memory at step 1: "),
+@pytest.mark.parametrize("env,status,code,why", [
+    ({"MPT_INJECT_FAULT": "kill:4"}, "oom", 4,
+     "the training process died of SIGKILL: the kernel counted an OOM kill while it ran"),
+    ({"MPT_INJECT_FAULT": "oom:4"}, "oom", 4, "mpt: out of memory at step 1: "),
+    ({"MPT_KILL_AT": "end:1"}, "interrupted", 137,
+     "the training process was killed (SIGKILL) from outside mpt, not by the kernel's "
+     "OOM killer"),
 ])
-def test_a_death_of_memory_ends_in_summary_json_and_one_line(tmp_path, kind, why):
-  """SIGKILL (the kernel's OOM killer) and TF's ResourceExhaustedError, injected right
-  before the first step: status `oom`, exit 4, and mpt's line is the last word."""
+def test_a_death_of_memory_ends_in_summary_json_and_one_line(tmp_path, env, status, code,
+                                                             why):
+  """SIGKILL (the kernel's OOM killer: the session's stand-in counters count it,
+  conftest.py) and TF's ResourceExhaustedError, injected right before the first step:
+  status `oom`, exit 4, and mpt's line is the last word. A SIGKILL the counters did not
+  count (MPT_KILL_AT) came from outside: `interrupted`, resumable."""
   proc = subprocess.run(
       [sys.executable, "-m", "mpt.main", *TINY_FLAGS, f"--data_dir={tmp_path}",
        f"--logdir={tmp_path}/logs"], cwd=ROOT, capture_output=True, text=True,
-      timeout=300, env={**os.environ, "MPT_INJECT_FAULT": f"{kind}:4"})
-  assert proc.returncode == 4, proc.stderr[-3000:]
+      timeout=300, env={**os.environ, **env})
+  assert proc.returncode == code, proc.stderr[-3000:]
   last = proc.stderr.strip().splitlines()[-1]
   assert why in last and "Traceback" not in proc.stderr, proc.stderr[-3000:]
   [run_dir] = [p for p in (tmp_path / "logs").iterdir() if p.is_dir()]
   summary = json.loads((run_dir / "summary.json").read_text())
-  assert summary["status"] == "oom" and why.removeprefix("mpt: ") in \
+  assert summary["status"] == status and why.removeprefix("mpt: ") in \
       (summary["message"] or ""), summary["message"]
-  assert (tmp_path / "logs" / "runs.csv").read_text().count(",oom,") == 1
+  assert (tmp_path / "logs" / "runs.csv").read_text().count(f",{status},") == 1
+  if status == "interrupted":
+    assert f"--resume={run_dir}" in summary["message"]
 
 
 def test_inspect_reports_the_estimate_per_policy(tmp_path):

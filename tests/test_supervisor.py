@@ -1,0 +1,93 @@
+"""mpt/supervisor.py: the kernel's OOM-kill counters read from recorded /proc and cgroup
+files, and what a death by signal leaves in summary.json and runs.csv for each thing the
+counters can say. The end-to-end deaths (a child killed under `python -m mpt.main`) are
+in tests/measure/test_memory.py."""
+
+import json
+import signal
+
+import pytest
+
+from mpt import supervisor
+from mpt.records import summary as summary_lib
+
+
+def _write(path, text):
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text(text)
+
+
+def test_oom_kill_counters_of_the_memory_cgroup_and_the_host(tmp_path, monkeypatch):
+  """A hybrid cgroup host (v1 memory controller, v2 unified tree), as the dev machine
+  has, and /proc/vmstat; files that are not there are left out."""
+  proc, cgroup = tmp_path / "proc", tmp_path / "cgroup"
+  _write(proc / "vmstat", "nr_free_pages 12\noom_kill 3\npgfault 9\n")
+  _write(proc / "self" / "cgroup", "9:name=systemd:/\n4:memory:/api/abc\n0::/user.slice\n")
+  _write(cgroup / "memory" / "api" / "abc" / "memory.oom_control",
+         "oom_kill_disable 0\nunder_oom 0\noom_kill 1\n")
+  _write(cgroup / "user.slice" / "memory.events", "low 0\nhigh 0\nmax 4\noom 2\noom_kill 7\n")
+  monkeypatch.setattr(supervisor, "PROC", proc)
+  monkeypatch.setattr(supervisor, "CGROUP", cgroup)
+  monkeypatch.delenv(supervisor.OOM_KILLS_ENV)
+  assert supervisor.oom_kills() == {
+      str(proc / "vmstat"): 3,
+      str(cgroup / "memory" / "api" / "abc" / "memory.oom_control"): 1,
+      str(cgroup / "user.slice" / "memory.events"): 7}
+  (cgroup / "user.slice" / "memory.events").unlink()
+  (proc / "vmstat").write_text("nr_free_pages 12\n")  # A kernel older than 4.13.
+  assert list(supervisor.oom_kills()) == [
+      str(cgroup / "memory" / "api" / "abc" / "memory.oom_control")]
+
+
+def test_the_stand_in_file_replaces_the_kernels_counters(tmp_path, monkeypatch):
+  monkeypatch.setattr(supervisor, "PROC", tmp_path / "nothing")
+  stand_in = tmp_path / "counters"
+  stand_in.write_text("oom_kill 5\n")
+  monkeypatch.setenv(supervisor.OOM_KILLS_ENV, str(stand_in))
+  assert supervisor.oom_kills() == {str(stand_in): 5}
+
+
+@pytest.mark.parametrize("before,after,killed", [
+    ({"a": 1, "b": 0}, {"a": 1, "b": 1}, True),
+    ({"a": 1, "b": 0}, {"a": 1, "b": 0}, False),
+    ({"a": 1}, {"b": 2}, None),  # Nothing read twice: unknown.
+    ({}, {}, None),
+])
+def test_an_oom_kill_is_a_counter_that_rose(before, after, killed):
+  assert supervisor.oom_killed(before, after) is killed
+
+
+@pytest.mark.parametrize("sig,counted,status,code,words", [
+    (signal.SIGKILL, False, "interrupted", 137,
+     "killed (SIGKILL) from outside mpt, not by the kernel's OOM killer"),
+    (signal.SIGKILL, True, "oom", 4,
+     "died of SIGKILL: the kernel counted an OOM kill while it ran"),
+    (signal.SIGKILL, None, "oom", 4, "died of SIGKILL, most likely out of memory"),
+    (signal.SIGSEGV, False, "oom", 4, "died of SIGSEGV, most likely out of memory"),
+    (signal.SIGHUP, None, "failed", 1, "died of SIGHUP"),
+])
+def test_a_death_by_signal_is_recorded_as_the_counters_say(tmp_path, capsys, sig, counted,
+                                                          status, code, words):
+  run_dir = tmp_path / "logs" / "r"
+  run_dir.mkdir(parents=True)
+  summary_lib.RunSummary(run_dir=str(run_dir), status="running").write(
+      run_dir / "summary.json")
+  assert supervisor._died(sig, run_dir, counted) == code
+  on_disk = json.loads((run_dir / "summary.json").read_text())
+  assert on_disk["status"] == status and words in on_disk["message"]
+  assert (f"--resume={run_dir}" in on_disk["message"]) == (status == "interrupted")
+  last = capsys.readouterr().err.strip().splitlines()[-1]
+  assert last.startswith(f"mpt: {status}: ") and words in last
+  rows = (tmp_path / "logs" / "runs.csv").read_text().splitlines()
+  assert len(rows) == 2 and f",{status}," in rows[1]
+
+
+def test_a_finished_run_keeps_its_status(tmp_path, capsys):
+  """Killed after it wrote `completed` (in its last moments): nothing is rewritten."""
+  run_dir = tmp_path / "r"
+  run_dir.mkdir()
+  summary_lib.RunSummary(run_dir=str(run_dir), status="completed").write(
+      run_dir / "summary.json")
+  supervisor._died(signal.SIGKILL, run_dir, False)
+  assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
+  assert not (tmp_path / "runs.csv").exists()
