@@ -17,7 +17,6 @@
 import math
 import os
 import signal
-import sys
 from typing import Callable
 
 import keras
@@ -70,6 +69,7 @@ class SignalStop(keras.callbacks.Callback):
   def __init__(self, steps: Callable[[], int], steps_per_epoch: int):
     super().__init__()
     self.signal: int | None = None
+    self._announced = False
     self.steps, self.steps_per_epoch = steps, steps_per_epoch
     self._previous = {}
 
@@ -85,11 +85,18 @@ class SignalStop(keras.callbacks.Callback):
 
   def _handle(self, signum, frame):
     if self.signal is not None:  # Second signal: no more waiting.
+      if not self._announced:  # It arrived before the first handler had written.
+        os.write(2, self._announcement(self.signal))
       os.write(2, b"\nmpt: second signal, exiting now\n")
       os._exit(130)
     self.signal = signum
-    sys.stderr.write(f"\nmpt: {signal.Signals(signum).name}: stopping after this step "
-                     "(or this epoch's evaluation; again to exit at once)\n")
+    os.write(2, self._announcement(signum))
+    self._announced = True
+
+  @staticmethod
+  def _announcement(signum: int) -> bytes:
+    return (f"\nmpt: {signal.Signals(signum).name}: stopping after this step (or this "
+            "epoch's evaluation; again to exit at once)\n").encode()
 
   def _stop(self) -> None:
     if self.signal is not None:

@@ -94,6 +94,24 @@ def test_sigterm_saves_a_checkpoint_and_says_interrupted(tmp_path, children, loo
   assert f"interrupted at step {summary['steps']}" in out
 
 
+@pytest.mark.parametrize("first_written", [True, False])
+def test_a_second_signal_says_both_and_exits(capfd, monkeypatch, first_written):
+  """A second signal can arrive while the first handler has recorded its signal but
+  not yet written (the suite saw that once): the user still reads both lines."""
+  exits = []
+  monkeypatch.setattr(guards.os, "_exit", lambda code: exits.append(code))
+  stop = guards.SignalStop(lambda: 1, steps_per_epoch=2)
+  if first_written:
+    stop._handle(signal.SIGINT, None)
+  else:
+    stop.signal = signal.SIGINT  # The first handler, interrupted after this line.
+  stop._handle(signal.SIGTERM, None)
+  err = capfd.readouterr().err
+  assert exits == [130]
+  assert err.count("mpt: SIGINT: stopping after this step") == 1, err
+  assert err.index("stopping after this step") < err.index("second signal, exiting now")
+
+
 def test_a_stop_at_an_epochs_last_step_waits_for_its_evaluation_and_checkpoint():
   """A signal during an epoch's last step (or its evaluation) stops the run at the
   epoch's end, after the checkpoint, which a stop before evaluation could not keep;
