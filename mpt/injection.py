@@ -76,7 +76,8 @@ def inject_run_fault(batch_size: int, policy: str) -> None:
       continue
     spec = f"{kind}:{batch}" + (f"/{only}" if only else "")
     if kind == "kill":
-      _count_oom_kill()
+      from mpt import supervisor  # The counters' owner.
+      supervisor.count_stand_in_oom_kill()
       sys.stdout.flush()
       os.kill(os.getpid(), signal.SIGKILL)
     if kind == "oom":
@@ -86,16 +87,3 @@ def inject_run_fault(batch_size: int, policy: str) -> None:
           f"(injected: MPT_INJECT_FAULT={spec})")
     raise RuntimeError(f"injected failure (MPT_INJECT_FAULT={spec})")
 
-
-def _count_oom_kill() -> None:
-  """One more `oom_kill` in the stand-in counter file, if `MPT_OOM_KILLS` names one."""
-  from mpt import supervisor  # Its reader owns the variable and the file's format.
-  path = os.environ.get(supervisor.OOM_KILLS_ENV)
-  if not path:
-    return
-  try:
-    count = int(open(path).read().split()[-1])
-  except (OSError, ValueError, IndexError):
-    count = 0
-  with open(path, "w") as f:
-    f.write(f"oom_kill {count + 1}\n")

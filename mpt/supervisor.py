@@ -85,6 +85,16 @@ def oom_kills() -> dict[str, int]:
   return counts
 
 
+def count_stand_in_oom_kill() -> None:
+  """One more `oom_kill` in the stand-in counter file, if `MPT_OOM_KILLS` names one:
+  what the kernel does for its own counters, done by an injected OOM kill
+  (mpt/injection.py)."""
+  path = os.environ.get(OOM_KILLS_ENV)
+  if path:
+    count = sum(oom_kills().values())
+    pathlib.Path(path).write_text(f"oom_kill {count + 1}\n")
+
+
 def oom_killed(before: dict[str, int], after: dict[str, int]) -> bool | None:
   """Whether a counter rose between the two readings; None if none was read twice."""
   both = before.keys() & after.keys()

@@ -45,6 +45,8 @@ def test_the_stand_in_file_replaces_the_kernels_counters(tmp_path, monkeypatch):
   stand_in.write_text("oom_kill 5\n")
   monkeypatch.setenv(supervisor.OOM_KILLS_ENV, str(stand_in))
   assert supervisor.oom_kills() == {str(stand_in): 5}
+  supervisor.count_stand_in_oom_kill()  # An injected OOM kill counts itself there.
+  assert supervisor.oom_kills() == {str(stand_in): 6}
 
 
 @pytest.mark.parametrize("before,after,killed", [
