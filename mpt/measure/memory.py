@@ -13,7 +13,12 @@ share under a strategy), in bytes:
   activations     each layer's output per example at its dtype, kept for the backward
                   pass, times ACTIVATION_FACTOR (the op intermediates a layer keeps
                   beside its output: pre-activation, normalised values, masks),
-                  times the per-replica batch
+                  times the per-replica batch. Where the 16-bit ops are emulated
+                  (`emulated_16bit`: a CPU on which TensorFlow's oneDNN rewrite is
+                  off, so TF's Eigen kernels run them), a 16-bit output counts at
+                  float32's 4 bytes: those kernels compute each 16-bit convolution in
+                  float32 copies of its input, filter and output, and the copies of
+                  the step's largest layers sit beside the stored 16-bit values
   input batches   the batch in flight and the prefetched ones (float32 images)
 
 `fits()` compares it with what the device has (available host RAM via psutil on a CPU;
@@ -24,6 +29,11 @@ ACTIVATION_FACTOR was calibrated against measured peaks, one fresh process per r
 (experiments/bench_memory.py; the factor came out 0.95-1.5 for the seed convnet and a
 ResNet10 at 32 px, batch 1024, float32 and bfloat16, AMD Zen 4, TF 2.21), and
 tests/measure/test_memory.py keeps the estimate within 30% of the measured peak.
+The emulated case was measured the same way with TF_ENABLE_ONEDNN_OPTS=0 on that Zen 4
+(the state of an AVX2-only Zen 3 by default): the bfloat16 step took 0.87x (seed
+convnet) and 0.75x (ResNet10) of float32's step memory, not the 0.5x that 2-byte
+activations alone predict; counted at 4 bytes, the estimate's step part came within
+1-7% of the measured one (it was 0.60-0.66x of it counted at 2).
 """
 
 import dataclasses
@@ -49,6 +59,8 @@ class Estimate:
   weight_copies_mb: float
   activations_mb_per_example: float
   input_mb_per_example: float
+  # 16-bit ops emulated in float32 working copies (see the module's docstring).
+  emulated_16bit: bool = False
 
   @property
   def fixed_mb(self) -> float:
@@ -69,14 +81,18 @@ class Estimate:
 
 
 def estimate(report: dict[str, Any], policy: str, batch_size: int,
-             baseline_mb: float, trainable_params: int) -> Estimate:
+             baseline_mb: float, trainable_params: int,
+             emulated_16bit: bool = False) -> Estimate:
   """The estimate for the model `report` (mpt/measure/dtypes.py: its layers' output
-  sizes and dtypes under `policy`) at a per-replica `batch_size`."""
+  sizes and dtypes under `policy`) at a per-replica `batch_size`; `emulated_16bit`:
+  the 16-bit ops run on kernels that compute in float32 copies (a CPU without
+  oneDNN's rewrite)."""
   params = report["params"]
   mixed = policy.startswith("mixed_")
   compute = {"mixed_float16": "float16", "mixed_bfloat16": "bfloat16"}.get(policy,
                                                                           "float32")
-  activations = sum(l.get("output_elements", 0) * _bytes(l, i, report, compute)
+  working = "float32" if emulated_16bit else compute
+  activations = sum(l.get("output_elements", 0) * _bytes(l, i, report, working)
                     for i, l in enumerate(report["layers"])) * ACTIVATION_FACTOR
   image = report["input_shape"]
   input_bytes = 4 * int(image[0]) * int(image[1]) * int(image[2]) * (1 + PREFETCH)
@@ -86,7 +102,7 @@ def estimate(report: dict[str, Any], policy: str, batch_size: int,
       optimizer_mb=2 * 4 * trainable_params / MB,
       weight_copies_mb=(BYTES[compute] * trainable_params / MB) if mixed else 0.0,
       activations_mb_per_example=activations / MB,
-      input_mb_per_example=input_bytes / MB)
+      input_mb_per_example=input_bytes / MB, emulated_16bit=emulated_16bit and mixed)
 
 
 def _bytes(layer: dict[str, Any], index: int, report: dict[str, Any],

@@ -40,9 +40,10 @@ def inspect_only(cfg: config.Config) -> dict[str, Any]:
   print(dtypes_lib.format_table(report))
   trainable = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
   # No data is loaded here: the cache the run would fill is added to the baseline.
+  gpu = bool(tf.config.list_logical_devices("GPU"))
   ests = preflight.estimates(report, cfg.batch_size, trainable,
-                             memory.rss_mb() + preflight.data_cache_mb(cfg))
-  available, where = memory.available_mb(bool(tf.config.list_logical_devices("GPU")))
+                             memory.rss_mb() + preflight.data_cache_mb(cfg), gpu)
+  available, where = memory.available_mb(gpu)
   mem = preflight.table(ests, available, where)
   print(mem["text"])
   run_dir = rundir.create(cfg, "inspect")

@@ -1,7 +1,8 @@
 """Every touch of Keras/TensorFlow internals in mpt, one named function each.
 
 `fit` is Keras' own loop; mpt needs three things from it that Keras has no public
-switch for. Each function below says what it changes, why, and which versions it was
+switch for, and one fact of TensorFlow's (is its oneDNN rewrite on?) that TF does not
+offer publicly. Each function below says what it changes, why, and which versions it was
 written for: Keras 3.15 on TensorFlow 2.21 (KERAS_VERSION, TF_VERSION).
 tests/train/test_keras_fit.py checks that every private name used here still exists,
 and fails loudly, naming the function, when a Keras or TF upgrade removes one. No
@@ -66,3 +67,13 @@ def step_marker(step: int) -> Any:
   view: `_r=1` is TF's private metadata key for a step's root event (the key Keras'
   own TensorBoard callback passes)."""
   return tf.profiler.experimental.Trace("train", step_num=step, _r=1)
+
+
+def onednn_rewrite_on() -> bool:
+  """Whether TensorFlow's oneDNN graph rewrite is on in this process. TF 2.21 turns it
+  on by default only on CPUs with AVX512_VNNI, AVX512_BF16 or AMX (and always when
+  TF_ENABLE_ONEDNN_OPTS=1); where it is off, TF's own Eigen kernels run the ops, and
+  those compute 16-bit convolutions in float32 copies of their operands. TF has no
+  public question for it: IsMklEnabled() answers what the rewrite itself checks."""
+  from tensorflow.python.util import _pywrap_util_port
+  return bool(_pywrap_util_port.IsMklEnabled())

@@ -15,6 +15,7 @@ from typing import Any
 
 from mpt.errors import UserError
 from mpt.measure import memory
+from mpt.train import keras_fit
 
 POLICIES = ("float32", "mixed_bfloat16", "mixed_float16")
 
@@ -24,9 +25,14 @@ class WillNotFit(UserError):
 
 
 def estimates(report: dict[str, Any], batch_size: int, trainable: int,
-              baseline_mb: float) -> dict[str, memory.Estimate]:
-  """The estimate under each policy for `report`'s model at a per-replica batch."""
-  return {p: memory.estimate(report, p, batch_size, baseline_mb, trainable)
+              baseline_mb: float, gpu: bool = False) -> dict[str, memory.Estimate]:
+  """The estimate under each policy for `report`'s model at a per-replica batch. On
+  a CPU where TensorFlow's oneDNN rewrite is off (its default on CPUs without
+  AVX512_VNNI/BF16/AMX, or TF_ENABLE_ONEDNN_OPTS=0), the 16-bit ops run on TF's Eigen
+  kernels, which compute in float32 working copies: a fact of this process, not of
+  the CPU flags (which a recorded cpuinfo may stand in for)."""
+  emulated = not gpu and not keras_fit.onednn_rewrite_on()
+  return {p: memory.estimate(report, p, batch_size, baseline_mb, trainable, emulated)
           for p in POLICIES}
 
 
@@ -91,7 +97,7 @@ def for_run(cfg, report: dict[str, Any], trainable: int, replicas: int, workers:
   at the per-replica batch, with the process's RSS now as the baseline, against what
   the device has. A run that will not fit raises WillNotFit (its new, empty folder
   `remove` removed first) unless --force; otherwise the plan summary.json records."""
-  ests = estimates(report, cfg.batch_size // replicas, trainable, memory.rss_mb())
+  ests = estimates(report, cfg.batch_size // replicas, trainable, memory.rss_mb(), gpu)
   available, where = memory.available_mb(gpu)
   # Replicas on logical CPU devices of this worker share its RAM; GPUs have their own.
   sharing = 1 if gpu else max(1, replicas // max(1, workers))

@@ -48,6 +48,29 @@ def test_the_estimate_adds_up_by_hand():
       pytest.approx(440 * memory.ACTIVATION_FACTOR)
   f16 = memory.estimate(REPORT, "mixed_float16", 4, 100.0, 900)
   assert f16.activations_mb_per_example == est.activations_mb_per_example
+  # Emulated 16-bit kernels (float32 working copies): every output at 4 bytes, the
+  # rest as before; float32 itself is unchanged by the flag.
+  emulated = memory.estimate(REPORT, "mixed_bfloat16", 4, 100.0, 900,
+                             emulated_16bit=True)
+  assert emulated.emulated_16bit and not est.emulated_16bit
+  assert emulated.activations_mb_per_example * MB == pytest.approx(
+      440 * memory.ACTIVATION_FACTOR)
+  assert emulated.weight_copies_mb == est.weight_copies_mb
+  assert memory.estimate(REPORT, "float32", 4, 100.0, 900, True) == f32
+
+
+@pytest.mark.parametrize("rewrite_on", [True, False])
+def test_the_run_estimates_follow_this_processs_onednn_rewrite(monkeypatch, rewrite_on):
+  """Not the CPU flags (a stand-in may name them): whether TF runs its Eigen kernels
+  here. On a GPU nothing is emulated whatever the CPU does."""
+  from mpt.train import keras_fit
+  monkeypatch.setattr(keras_fit, "onednn_rewrite_on", lambda: rewrite_on)
+  ests = preflight.estimates(REPORT, 4, 900, 100.0)
+  assert ests["mixed_bfloat16"].emulated_16bit is (not rewrite_on)
+  assert ests["mixed_float16"].emulated_16bit is (not rewrite_on)
+  assert not ests["float32"].emulated_16bit
+  assert not preflight.estimates(REPORT, 4, 900, 100.0, gpu=True)[
+      "mixed_bfloat16"].emulated_16bit
 
 
 def test_preflight_refuses_with_the_largest_batch_per_policy():

@@ -1,6 +1,10 @@
 """mpt/train/keras_fit.py is written against Keras 3.15 / TF 2.21 internals. These tests
 fail loudly, naming the function to revisit, when an upgrade removes or changes one."""
 
+import os
+import subprocess
+import sys
+
 import keras
 import numpy as np
 import tensorflow as tf
@@ -77,3 +81,20 @@ def test_fetch_through_runs_one_step_per_fetched_batch():
 def test_step_marker_is_a_profiler_trace():
   with keras_fit.step_marker(3) as marker:
     assert isinstance(marker, tf.profiler.experimental.Trace)
+
+
+def test_onednn_rewrite_on_still_reads_tfs_switch():
+  """The switch by its documented variable, in two children started together (TF
+  reads it once, at the first op): off with TF_ENABLE_ONEDNN_OPTS=0 and on with 1,
+  on any CPU."""
+  code = "from mpt.train import keras_fit; print(keras_fit.onednn_rewrite_on())"
+  procs = {value: subprocess.Popen(
+      [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+      text=True, env={**os.environ, "TF_ENABLE_ONEDNN_OPTS": value})
+      for value in ("0", "1")}
+  for value, expected in (("0", "False"), ("1", "True")):
+    out, err = procs[value].communicate(timeout=120)
+    assert out.strip() == expected, (
+        "tensorflow.python.util._pywrap_util_port.IsMklEnabled no longer answers "
+        f"TF_ENABLE_ONEDNN_OPTS={value}: revisit keras_fit.onednn_rewrite_on "
+        f"({err[-1500:]})")
