@@ -58,6 +58,24 @@ class SeedConvnet(nn.Module):
     return shapes
 
 
+def describe(image_size: int) -> dict:
+  """The twin's structure as plain data, for a comparison with Keras' model made in
+  another process (PyTorch and TensorFlow must not share one: importing torch's
+  triton into a process that loaded TensorFlow can crash it): parameter and
+  moving-statistic counts, parameter shapes in order, each BatchNorm's output shape
+  (NHWC) and (momentum, eps), the logits' shape for a batch of 2."""
+  twin = SeedConvnet()
+  x = torch.rand(2, 3, image_size, image_size)
+  return {"parameters": sum(p.numel() for p in twin.parameters()),
+          "moving": sum(b.numel() for n, b in twin.named_buffers()
+                        if not n.endswith("num_batches_tracked")),
+          "shapes": [list(p.shape) for p in twin.parameters()],
+          "batchnorm_shapes": [list(s[1:]) for s in twin.feature_shapes(x)],
+          "batchnorm": [[m.momentum, m.eps] for m in twin.modules()
+                        if isinstance(m, nn.BatchNorm2d)],
+          "logits": list(twin(x).shape)}
+
+
 def train(image_size: int, batch_size: int, layout: str, dtype: str, steps: int,
           warmup: int, profile: bool = False, seed: int = 0) -> dict:
   torch.manual_seed(seed)
