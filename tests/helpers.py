@@ -53,6 +53,23 @@ def read_scalars(run_dir) -> dict[str, list[tuple[int, float]]]:
           if values and isinstance(values[0][1], float)}
 
 
+def trace_steps(xplane) -> list[tuple[str, dict]]:
+  """(name, stats) of every event of an xplane.pb trace carrying a `step_num` stat:
+  the step markers the profile plugin groups a trace's steps by."""
+  from tensorflow.tsl.profiler.protobuf import xplane_pb2  # TF's copy of the proto.
+  space = xplane_pb2.XSpace()
+  space.ParseFromString(pathlib.Path(xplane).read_bytes())
+  found = []
+  for plane in space.planes:
+    for line in plane.lines:
+      for event in line.events:
+        stats = {plane.stat_metadata[s.metadata_id].name:
+                 s.int64_value or s.uint64_value or s.str_value for s in event.stats}
+        if "step_num" in stats:
+          found.append((plane.event_metadata[event.metadata_id].name, stats))
+  return found
+
+
 def tiny_cli(tmp_path, *flags: str) -> list[str]:
   """argv of `python -m mpt.main` training in seconds on tiny data under tmp_path."""
   return [sys.executable, "-m", "mpt.main", *TINY_FLAGS, f"--data_dir={tmp_path}",

@@ -5,6 +5,7 @@ peak in a child process, and a death by signal ending in summary.json."""
 import json
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -93,19 +94,29 @@ def test_preflight_refuses_with_the_largest_batch_per_policy():
 
 
 def test_a_batch_that_cannot_fit_stops_before_training(tmp_path):
-  # The user's command (64 px, the default size), on tiny data.
+  """The user's command (64 px, the default size), on tiny data, with 2 GiB standing
+  in for what the host has free, whatever its RAM."""
   flags = [f for f in TINY_FLAGS if not f.startswith(("--batch_size", "--image_size"))]
   proc = subprocess.run(
-      [sys.executable, "-m", "mpt.main", *flags, "--batch_size=100000", "--epochs=1",
+      [sys.executable, "-m", "mpt.main", *flags, "--batch_size=4096", "--epochs=1",
        f"--data_dir={tmp_path}", f"--logdir={tmp_path}/logs"], cwd=ROOT,
-      capture_output=True, text=True, timeout=300)
+      capture_output=True, text=True, timeout=300,
+      env={**os.environ, "MPT_AVAILABLE_MB": "2048"})
   assert proc.returncode == 2, proc.stderr[-2000:]
   errors = [l for l in proc.stderr.splitlines() if l.startswith("mpt: error")]
   assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
-  assert errors[0].startswith("mpt: error: memory: batch 100000 under float32 needs ~")
-  for policy in preflight.POLICIES:
-    assert f" under {policy}" in errors[0].split("largest batch that fits:")[1]
+  assert errors[0].startswith("mpt: error: memory: batch 4096 under float32 needs ~")
+  assert "2.0 GiB available (MPT_AVAILABLE_MB stand-in)" in errors[0]
+  fits = dict((p, int(n)) for n, p in re.findall(
+      r"~(\d+) under (\S+?)(?:,| \(|$)", errors[0].split("largest batch that fits:")[1]))
+  assert set(fits) == set(preflight.POLICIES) and 0 < fits["float32"] < 4096, errors
   assert not [p for p in (tmp_path / "logs").glob("*") if p.is_dir()]  # No folder left.
+
+
+def test_the_available_memory_stand_in(monkeypatch):
+  monkeypatch.setenv("MPT_AVAILABLE_MB", "1234.5")
+  assert memory.available_mb() == (1234.5, "available (MPT_AVAILABLE_MB stand-in)")
+  assert memory.available_mb(gpu=True)[0] == 1234.5
 
 
 @pytest.mark.slow

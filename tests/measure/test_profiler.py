@@ -13,7 +13,7 @@ import pytest
 from mpt.diagnose import opstats
 from mpt.errors import UserError
 
-from helpers import train_run, wait_for
+from helpers import trace_steps, train_run, wait_for
 
 CONV = {"Conv2D", "Conv2DBackpropFilter", "Conv2DBackpropInput"}
 
@@ -73,6 +73,8 @@ def test_window_writes_an_xplane_trace(tiny, loop):
   summary = train_run(tiny(loop=loop, epochs=1, profile_steps="4,6"))
   traces = list(pathlib.Path(summary["run_dir"]).glob("plugins/profile/*/*.xplane.pb"))
   assert len(traces) == 1 and traces[0].stat().st_size > 1000
+  # Each traced step is marked as the profile plugin's step view groups it.
+  assert trace_steps(traces[0]) == [("train", {"step_num": n, "_r": 1}) for n in (4, 5, 6)]
   # The run's diagnosis read the trace with the profile plugin's converter.
   stats = json.loads((pathlib.Path(summary["run_dir"]) / "op_stats.json").read_text())
   assert stats["rows"] == "Host" and stats["op_time_ms"] > 0

@@ -1,8 +1,8 @@
 """Utilisation sampler: CPU figures here, GPU figures through a fake NVML, faults."""
 
-import time
 import types
 
+from helpers import wait_for
 from mpt.measure import sampler as sampler_lib
 
 
@@ -33,7 +33,9 @@ def test_cpu_figures_and_why_gpu_figures_are_absent():
   # GPUs are hidden from the test session (conftest.py), whatever the host has.
   s = sampler_lib.Sampler(period_s=0.05).start()
   sum(range(3_000_000))  # Some work to sample.
-  time.sleep(0.3)
+  # Two samples at least (the state's running count), however late a busy machine
+  # schedules the sampler's thread.
+  assert wait_for(lambda: s.state().get("rss_mb", [0])[0] >= 2, timeout=30)
   s.stop()
   assert s.gpu_absent == "no GPU visible to TensorFlow"
   stats = s.stats()
@@ -64,6 +66,6 @@ def test_a_failing_sample_never_stops_the_thread(monkeypatch):
     raise OSError("psutil went away")
   monkeypatch.setattr(s, "sample", broken)
   s.start()
-  time.sleep(0.2)
+  assert wait_for(lambda: len(calls) > 2, timeout=30)  # It went on after the first.
   s.stop()
-  assert len(calls) > 2 and s.stats() == {} and s.drain() == {}
+  assert s.stats() == {} and s.drain() == {}

@@ -4,6 +4,7 @@ of bad input."""
 
 import json
 import pathlib
+import sys
 import textwrap
 
 import keras
@@ -33,9 +34,16 @@ VALUE = 3
 
 @pytest.fixture
 def user_module(tmp_path, monkeypatch):
+  """The user's module in the current folder, found as mpt finds it there (the
+  current folder on sys.path, as `python -m` has it and the console script lacks):
+  this process's sys.path without it, and the module imported afresh each test."""
   (tmp_path / "users_nets.py").write_text(textwrap.dedent(USER_MODULE))
-  monkeypatch.syspath_prepend(str(tmp_path))
-  return "users_nets"
+  monkeypatch.chdir(tmp_path)
+  monkeypatch.setattr(sys, "path", [p for p in sys.path
+                                    if p not in ("", ".", str(tmp_path))])
+  monkeypatch.delitem(sys.modules, "users_nets", raising=False)
+  yield "users_nets"
+  sys.modules.pop("users_nets", None)
 
 
 @pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16", "mixed_float16"])

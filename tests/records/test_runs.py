@@ -9,12 +9,11 @@ The concurrent writers are plain `python -c` children importing mpt.records.runs
 import csv
 import subprocess
 import sys
-import time
 
 from mpt.records import runs
 from mpt.records import summary as summary_lib
 
-from helpers import DATA, ROOT
+from helpers import DATA, ROOT, wait_for
 
 WRITERS = 8
 # Each child waits for the barrier file, then appends one row with a long run_dir, so
@@ -23,6 +22,7 @@ CHILD = """
 import pathlib, sys, time
 from mpt.records import runs
 barrier, path, i = pathlib.Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+(barrier.parent / f"ready-{i}").touch()  # Started: now waiting at the barrier.
 deadline = time.time() + 60
 while not barrier.exists() and time.time() < deadline:
   time.sleep(0.001)
@@ -37,7 +37,8 @@ def test_eight_processes_appending_at_once_leave_eight_whole_lines(tmp_path):
   procs = [subprocess.Popen([sys.executable, "-c", CHILD, str(barrier), str(path),
                              str(i)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
            for i in range(WRITERS)]
-  time.sleep(1.0)  # Let every child start and wait at the barrier.
+  # Every child at the barrier before it opens: the appends then race for real.
+  assert wait_for(lambda: len(list(tmp_path.glob("ready-*"))) == WRITERS, 60)
   barrier.touch()
   outs = [p.communicate(timeout=120)[0] for p in procs]
   assert [p.returncode for p in procs] == [0] * WRITERS

@@ -1,13 +1,17 @@
 """The measured warning before step 1 and `--policy=auto`, on recorded kernel tables
 (tests/data/kernels) standing in for this machine's; nothing here times anything."""
 
+import contextlib
 import json
 import math
 import os
 import subprocess
+import types
 
+import keras
 import pytest
 
+from mpt import config
 from mpt.errors import UserError
 from mpt.sweep import run as sweep
 from mpt.sweep.options import SweepOptions
@@ -71,29 +75,59 @@ def test_auto_picks_the_fastest_finite_candidate_and_records_it(tiny, tmp_path):
   assert on_disk["policy_choice"] == json.loads(json.dumps(choice))
 
 
+class ScriptedClock:
+  """autopolicy's `time` module: a clock that moves only when a fake step runs."""
+
+  def __init__(self):
+    self.now = 0.0
+
+  def perf_counter(self) -> float:
+    return self.now
+
+
 def test_auto_drops_a_candidate_whose_first_step_is_too_slow_and_a_non_finite_one(
     monkeypatch):
-  script = {"float32": (1000.0, 100.0, True), "mixed_bfloat16": (900.0, 60.0, False),
-            "mixed_float16": (6000.0, 30.0, True)}
-  seen = {}
+  """The real timing and drop rule (autopolicy._time_policy) on a scripted clock:
+  each policy's steps take the scripted ms (first step, then the rest) and end with
+  the scripted loss. Nothing is trained."""
+  script = {"float32": ([1000.0, 100.0, 110.0, 90.0], 0.5),
+            "mixed_bfloat16": ([900.0, 60.0, 60.0, 60.0], float("nan")),
+            "mixed_float16": ([6000.0, 30.0, 30.0, 30.0], 0.5)}
+  clock, ran = ScriptedClock(), {}
 
-  def fake(policy, cfg, data, strategy, build, steps, give_up_ms):
-    first, ms, finite = script[policy]
-    seen[policy] = give_up_ms
-    dropped = give_up_ms is not None and first > give_up_ms
-    return {"policy": policy, "first_ms": first, "ms_per_step": None if dropped else ms,
-            "finite": finite, "dropped": "too slow" if dropped else None}
+  class Steps:  # mpt's compiled steps: here a step is the clock moving on.
+    def __init__(self, model, optimizer, **kwargs):
+      self.policy = keras.mixed_precision.global_policy().name
+      self.times = iter(script[self.policy][0])
 
-  monkeypatch.setattr(autopolicy, "_time_policy", fake)
-  chosen, choice = autopolicy.choose(None, None, None, None)
+    def train_step(self, images, labels):
+      clock.now += next(self.times) / 1e3
+      ran[self.policy] = ran.get(self.policy, 0) + 1
+      return {"loss": script[self.policy][1]}
+
+  class Strategy:
+    scope = staticmethod(contextlib.nullcontext)
+    experimental_distribute_dataset = staticmethod(lambda ds: ds)
+
+  data = types.SimpleNamespace(train_from=lambda step: iter([(None, None)] * 10))
+  monkeypatch.setattr(autopolicy, "time", clock)
+  monkeypatch.setattr(autopolicy.steps_lib, "Steps", Steps)
+  chosen, choice = autopolicy.choose(config.Config(), data, Strategy(), lambda: None)
+  rows = {r["policy"]: r for r in choice["candidates"]}
   # bfloat16 is fastest but its loss was not finite; float16's first step was more
-  # than 5x float32's (the best usable first step), so it was dropped.
-  assert chosen == "float32"
-  assert seen == {"float32": None, "mixed_bfloat16": 5000.0, "mixed_float16": 5000.0}
-  assert [r["dropped"] for r in choice["candidates"]] == [None, None, "too slow"]
+  # than 5x the best usable first step (float32's 1000 ms), so it stopped there.
+  assert chosen == "float32" and ran == {"float32": 4, "mixed_bfloat16": 4,
+                                         "mixed_float16": 1}
+  assert rows["float32"]["ms_per_step"] == pytest.approx(100.0)  # Median of the rest.
+  assert rows["mixed_bfloat16"]["finite"] is False and rows["mixed_bfloat16"][
+      "dropped"] is None
+  assert rows["mixed_float16"]["ms_per_step"] is None
+  assert rows["mixed_float16"]["dropped"] == ("first step > 5x the best so far "
+                                              "(6000 ms)")
   table = autopolicy.format_table(choice)
-  assert "non-finite loss" in table and "too slow" in table and "chosen" in table
-  assert math.isclose(choice["candidates"][1]["vs_float32"], 100 / 60)
+  assert "non-finite loss" in table and "first step > 5x" in table and "chosen" in table
+  assert math.isclose(rows["mixed_bfloat16"]["vs_float32"], 100 / 60)
+  assert choice["seconds"] == pytest.approx(1.3 + 1.08 + 6.0)  # On the scripted clock.
 
 
 def test_auto_is_for_single_training_runs(tiny, tmp_path):

@@ -39,7 +39,12 @@ def assert_same_steps(run_dir, expected: dict[str, list[int]]) -> None:
 
 
 def test_two_deterministic_runs_give_identical_losses(tiny):
+  from tensorflow.python.framework import config as tf_config  # No public getter.
+  assert not tf_config.is_op_determinism_enabled()  # conftest.py turns it off.
   first = train.train_and_evaluate(tiny(deterministic=True, loop="fit"))
+  # The control: the flag did turn TensorFlow's op determinism on (two seeded CPU
+  # runs are usually identical without it), and the run says so.
+  assert tf_config.is_op_determinism_enabled() and first["deterministic"] is True
   second = train.train_and_evaluate(tiny(deterministic=True, loop="fit"))
   a, b = read_scalars(first["run_dir"]), read_scalars(second["run_dir"])
   assert a["train/loss"] == b["train/loss"] and a["eval/loss"] == b["eval/loss"]

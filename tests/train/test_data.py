@@ -71,14 +71,37 @@ def test_training_stream_is_endless_and_seeded(tree):
   assert other != first  # Another seed, another order.
 
 
+def _pipeline_ops(ds) -> tuple[set[str], list[int]]:
+  """The op types of a dataset's graph, its functions' bodies included, and the int
+  constants of the functions that hold a loop condition (`Less`)."""
+  from tensorflow.core.framework import graph_pb2
+  graph = graph_pb2.GraphDef()
+  graph.ParseFromString(ds._as_serialized_graph().numpy())
+  ops = {n.op for n in graph.node}
+  bounds = []
+  for fn in graph.library.function:
+    ops |= {n.op for n in fn.node_def}
+    if any(n.op == "Less" for n in fn.node_def):
+      bounds += [int(tf.make_ndarray(n.attr["value"].tensor)) for n in fn.node_def
+                 if n.op == "Const" and n.attr["dtype"].type == tf.int32.as_datatype_enum]
+  return ops, bounds
+
+
 def test_input_work_adds_work_but_leaves_the_batches_as_they_were(tree):
   cfg = config.Config(dataset=f"folder:{tree}", image_size=8, batch_size=3, seed=5)
-  plain = [(x.numpy(), y.numpy()) for x, y in data.load(cfg).train.take(4)]
+  loaded = data.load(cfg)
+  plain = [(x.numpy(), y.numpy()) for x, y in loaded.train.take(4)]
   slow = data.load(dataclasses.replace(cfg, input_work=3))
   worked = [(x.numpy(), y.numpy()) for x, y in slow.train.take(4)]
   for (x0, y0), (x1, y1) in zip(plain, worked):
     np.testing.assert_array_equal(x0, x1)
     np.testing.assert_array_equal(y0, y1)
+  # The work is in the training pipeline (a blur loop of 3 passes), not in the plain
+  # one's, nor in either validation pipeline.
+  ops, bounds = _pipeline_ops(slow.train)
+  assert "DepthwiseConv2dNative" in ops and 3 in bounds, (sorted(ops), bounds)
+  for ds in (loaded.train, loaded.val, slow.val):
+    assert "DepthwiseConv2dNative" not in _pipeline_ops(ds)[0]
 
 
 @pytest.mark.parametrize("mutate,words", [

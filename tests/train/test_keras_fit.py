@@ -9,6 +9,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+import helpers
 from mpt.train import keras_fit
 
 
@@ -78,9 +79,15 @@ def test_fetch_through_runs_one_step_per_fetched_batch():
       "iterator: revisit keras_fit.fetch_through")
 
 
-def test_step_marker_is_a_profiler_trace():
-  with keras_fit.step_marker(3) as marker:
-    assert isinstance(marker, tf.profiler.experimental.Trace)
+def test_step_marker_is_a_step_root_event_in_a_trace(tmp_path):
+  tf.profiler.experimental.start(str(tmp_path))
+  with keras_fit.step_marker(3):
+    tf.constant(1.0) + 1.0
+  tf.profiler.experimental.stop()
+  [trace] = tmp_path.glob("plugins/profile/*/*.xplane.pb")
+  assert helpers.trace_steps(trace) == [("train", {"step_num": 3, "_r": 1})], (
+      "the step marker is not a step root event (_r=1) any more: revisit "
+      "keras_fit.step_marker")
 
 
 def test_onednn_rewrite_on_still_reads_tfs_switch():

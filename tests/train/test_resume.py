@@ -80,8 +80,18 @@ def assert_like_never_stopped(tmp_path, name: str, flags: list[str],
   for key in expected.keys() - NOT_COMPARED:
     assert got[key] == expected[key], key
   assert got["util"].keys() == expected["util"].keys()
-  want = series(tmp_path / "logs" / "full")
+  # Timings cover the whole run: every step that survived in the checkpoints, less
+  # each attempt's first (its trace, --warmup_steps=1) where that step survived. An
+  # attempt killed before its next checkpoint lost its steps, its first included.
+  restored = [r for _, r in kills]
+  firsts = 1 + sum(1 for i, r in enumerate(restored)
+                   if i + 1 == len(restored) or restored[i + 1] > r)
   steps = 5 * expected["epochs"]
+  assert expected["timed_steps"] == steps - 1
+  assert got["timed_steps"] == steps - firsts, (got["timed_steps"], firsts)
+  assert got["ms_per_step"] == got["step_time_ms"]["median"] > 0
+  assert got["wall_s"] > got["train_s"] > 0
+  want = series(tmp_path / "logs" / "full")
   assert [s for s, _ in want["train/loss"]] == list(range(5, steps + 1, 5))
   assert want["perf/step_time_ms"] == list(range(1, steps + 1))
   assert series(run)["train/loss"] == want["train/loss"]  # The first symptom.
