@@ -70,10 +70,14 @@ def trace_steps(xplane) -> list[tuple[str, dict]]:
   return found
 
 
+def tiny_flags(tmp_path, *flags: str) -> list[str]:
+  """mpt's flags for training in seconds on tiny data under tmp_path."""
+  return [*TINY_FLAGS, f"--data_dir={tmp_path}", f"--logdir={tmp_path}/logs", *flags]
+
+
 def tiny_cli(tmp_path, *flags: str) -> list[str]:
   """argv of `python -m mpt.main` training in seconds on tiny data under tmp_path."""
-  return [sys.executable, "-m", "mpt.main", *TINY_FLAGS, f"--data_dir={tmp_path}",
-          f"--logdir={tmp_path}/logs", *flags]
+  return [sys.executable, "-m", "mpt.main", *tiny_flags(tmp_path, *flags)]
 
 
 def mpt(*args: str, timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
@@ -92,12 +96,56 @@ def _forked_main(argv: list[str], env: dict[str, str], out: str, err: str) -> No
   """A forked child: the environment, cwd and output files of a fresh process, then
   mpt's command line (absl's app.run, as `python -m mpt.main` runs it)."""
   os.environ.update(env)
+  tempfile.tempdir = None  # TMPDIR read again, as a fresh process would.
   os.chdir(ROOT)
   for fd, path in ((1, out), (2, err)):
     os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
   from absl import app
   from mpt import main
   app.run(main.main, argv=["mpt", *argv])
+
+
+class Forked:
+  """A running `python -m mpt.main ARGS` forked from the server (mpt_forked_start)."""
+
+  def __init__(self, args: tuple[str, ...], env: dict[str, str]):
+    global _FORKSERVER
+    if _FORKSERVER is None:
+      _FORKSERVER = multiprocessing.get_context("forkserver")
+      _FORKSERVER.set_forkserver_preload(PRELOAD)
+    self.args = ["mpt", *args]
+    self._tmp = tempfile.TemporaryDirectory()
+    self._out, self._err = f"{self._tmp.name}/stdout", f"{self._tmp.name}/stderr"
+    self._proc = _FORKSERVER.Process(target=_forked_main,
+                                     args=(list(args), env, self._out, self._err))
+    self._proc.start()
+    self.pid = self._proc.pid
+
+  def poll(self) -> int | None:
+    return self._proc.exitcode
+
+  def kill(self) -> None:
+    if self._proc.exitcode is None:
+      self._proc.kill()
+      self._proc.join()
+
+  def wait(self, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Its exit status and output once it ended (killed after `timeout` seconds)."""
+    self._proc.join(timeout)
+    if self._proc.exitcode is None:
+      self.kill()
+      raise subprocess.TimeoutExpired(self.args, timeout)
+    read = lambda path: pathlib.Path(path).read_text() if os.path.exists(path) else ""
+    done = subprocess.CompletedProcess(self.args, self._proc.exitcode, read(self._out),
+                                       read(self._err))
+    self._tmp.cleanup()
+    return done
+
+
+def mpt_forked_start(*args: str, env: dict[str, str] | None = None) -> Forked:
+  """Starts `python -m mpt.main ARGS` in a process forked from a server that has
+  imported TensorFlow and mpt but run no op (see mpt_forked); returns at once."""
+  return Forked(args, env or {})
 
 
 def mpt_forked(*args: str, env: dict[str, str] | None = None,
@@ -107,22 +155,8 @@ def mpt_forked(*args: str, env: dict[str, str] | None = None,
   status, death by signal) that skips the import. The differences from the command
   line: training runs in it directly (no watching parent, mpt/supervisor.py), and
   variables TensorFlow reads at import (TF_CPP_MIN_LOG_LEVEL, ONEDNN_*) have the
-  server's values; `env` adds those mpt reads at run time (MPT_*)."""
-  global _FORKSERVER
-  if _FORKSERVER is None:
-    _FORKSERVER = multiprocessing.get_context("forkserver")
-    _FORKSERVER.set_forkserver_preload(PRELOAD)
-  with tempfile.TemporaryDirectory() as tmp:
-    out, err = f"{tmp}/stdout", f"{tmp}/stderr"
-    proc = _FORKSERVER.Process(target=_forked_main, args=(list(args), env or {}, out, err))
-    proc.start()
-    proc.join(timeout)
-    if proc.exitcode is None:
-      proc.kill()
-      proc.join()
-      raise subprocess.TimeoutExpired(["mpt", *args], timeout)
-    read = lambda path: pathlib.Path(path).read_text() if os.path.exists(path) else ""
-    return subprocess.CompletedProcess(["mpt", *args], proc.exitcode, read(out), read(err))
+  server's values; `env` adds those read later (MPT_*, TF_CONFIG, XLA_FLAGS)."""
+  return mpt_forked_start(*args, env=env).wait(timeout)
 
 
 def wait_for(condition: Callable[[], bool], timeout: float, every: float = 0.2) -> bool:

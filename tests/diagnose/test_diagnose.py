@@ -30,7 +30,7 @@ from mpt.machine import fastpath
 from mpt.machine import isa
 from mpt.records.cells import Cell
 
-from helpers import DATA, ROOT, mpt
+from helpers import DATA, ROOT, mpt_forked
 
 GPU_FACTS = json.loads((DATA / "gpu_facts.json").read_text())
 ZEN4_FLAGS = ["avx", "avx2", "avx512_bf16", "avx512bw", "avx512f", "fma", "f16c"]
@@ -617,7 +617,7 @@ def test_layer_of_op_names():
 
 
 def test_cli_diagnoses_a_recorded_run(runs):
-  proc = mpt("--mode=diagnose", f"--run={runs / 'f16_custom'}", timeout=120)
+  proc = mpt_forked("--mode=diagnose", f"--run={runs / 'f16_custom'}", timeout=120)
   assert proc.returncode == 0, proc.stderr
   assert "1. [high] float16 has no fast path on this CPU" in proc.stdout
   written = json.loads((runs / "f16_custom" / "diagnosis.json").read_text())

@@ -8,7 +8,7 @@ from mpt.measure import dtypes as inspect
 from mpt import models
 from mpt.train import precision
 
-from helpers import mpt
+from helpers import mpt_forked
 
 SIXTEEN = {"float32": "float32", "mixed_float16": "float16",
            "mixed_bfloat16": "bfloat16"}
@@ -50,8 +50,8 @@ def test_observed_dtypes_of_the_seed_convnet(policy):
 
 
 def test_mode_inspect_runs_without_training(tmp_path):
-  proc = mpt("--mode=inspect", "--policy=mixed_bfloat16", "--image_size=48",
-             f"--logdir={tmp_path}", "--run_name=i")
+  proc = mpt_forked("--mode=inspect", "--policy=mixed_bfloat16", "--image_size=48",
+                    f"--logdir={tmp_path}", "--run_name=i")
   assert proc.returncode == 0, proc.stderr
   assert "compute dtype: bfloat16" in proc.stdout and "conv3" in proc.stdout
   report = json.loads((tmp_path / "i" / "dtypes.json").read_text())

@@ -6,14 +6,12 @@ import json
 import os
 import pathlib
 import re
-import signal
 import subprocess
 import sys
-import textwrap
 
 import pytest
 
-from helpers import ROOT, TINY_FLAGS, mpt_forked, wait_for
+from helpers import ROOT, TINY_FLAGS, mpt_forked
 from mpt.measure import memory
 from mpt.train import preflight
 
@@ -97,11 +95,8 @@ def test_a_batch_that_cannot_fit_stops_before_training(tmp_path):
   """The user's command (64 px, the default size), on tiny data, with 2 GiB standing
   in for what the host has free, whatever its RAM."""
   flags = [f for f in TINY_FLAGS if not f.startswith(("--batch_size", "--image_size"))]
-  proc = subprocess.run(
-      [sys.executable, "-m", "mpt.main", *flags, "--batch_size=4096", "--epochs=1",
-       f"--data_dir={tmp_path}", f"--logdir={tmp_path}/logs"], cwd=ROOT,
-      capture_output=True, text=True, timeout=300,
-      env={**os.environ, "MPT_AVAILABLE_MB": "2048"})
+  proc = mpt_forked(*flags, "--batch_size=4096", "--epochs=1", f"--data_dir={tmp_path}",
+                    f"--logdir={tmp_path}/logs", env={"MPT_AVAILABLE_MB": "2048"})
   assert proc.returncode == 2, proc.stderr[-2000:]
   errors = [l for l in proc.stderr.splitlines() if l.startswith("mpt: error")]
   assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]

@@ -4,8 +4,6 @@
 import contextlib
 import json
 import math
-import os
-import subprocess
 import types
 
 import keras
@@ -17,15 +15,16 @@ from mpt.sweep import run as sweep
 from mpt.sweep.options import SweepOptions
 from mpt.train import autopolicy
 
-from helpers import DATA, ROOT, read_events, tiny_cli, train_run
+from helpers import DATA, mpt_forked, read_events, tiny_flags, train_run
 
 
 def _run(tmp_path, *flags, kernels=None, fault=None, status=0):
-  env = {**os.environ, **({"MPT_KERNELS": str(DATA / "kernels" / kernels)}
-                          if kernels else {}),
+  """The command line's run, in a process forked from a server that imported
+  TensorFlow (helpers.mpt_forked): mpt reads MPT_KERNELS and MPT_INJECT_FAULT at run
+  time."""
+  env = {**({"MPT_KERNELS": str(DATA / "kernels" / kernels)} if kernels else {}),
          **({"MPT_INJECT_FAULT": fault} if fault else {})}
-  proc = subprocess.run(tiny_cli(tmp_path, "--epochs=1", *flags),
-                        cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+  proc = mpt_forked(*tiny_flags(tmp_path, "--epochs=1", *flags), env=env)
   assert proc.returncode == status, proc.stderr[-3000:]
   return proc.stdout
 

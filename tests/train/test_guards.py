@@ -3,7 +3,6 @@
 import json
 import pathlib
 import signal
-import subprocess
 
 import numpy as np
 import pytest
@@ -12,7 +11,7 @@ import tensorflow as tf
 from mpt.train import guards
 from mpt.train import run as train
 
-from helpers import ROOT, read_scalars, start_and_wait_for_an_epoch, tiny_cli
+from helpers import mpt_forked, read_scalars, start_and_wait_for_an_epoch, tiny_flags
 
 
 @pytest.mark.parametrize("loop", ["fit", "custom"])
@@ -74,9 +73,8 @@ def test_a_fixed_loss_scale_never_skips_so_an_overflow_diverges(tiny, loop):
 
 
 def test_cli_exit_status_for_divergence(tmp_path):
-  proc = subprocess.run(
-      tiny_cli(tmp_path, "--fault_factor=nan", "--fault_steps=2,2", "--epochs=1"),
-      cwd=ROOT, capture_output=True, text=True, timeout=300)
+  proc = mpt_forked(*tiny_flags(tmp_path, "--fault_factor=nan", "--fault_steps=2,2",
+                                "--epochs=1"))
   assert proc.returncode == 3
   assert "mpt: diverged at step 2: loss is nan; last good checkpoint: none" in proc.stdout
 
