@@ -2,10 +2,7 @@
 two-worker MultiWorkerMirroredStrategy cluster on 127.0.0.1 in child processes."""
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 
@@ -14,7 +11,7 @@ from mpt.train import distribute
 from mpt.train import run as train
 from mpt.errors import UserError
 
-from helpers import CPU_DEVICES, ROOT, Forked, mpt_forked_start, read_scalars
+from helpers import CPU_DEVICES, Forked, mpt_forked, mpt_forked_start, read_scalars
 
 CLUSTER = {"worker": ["127.0.0.1:20001", "127.0.0.1:20002"]}
 
@@ -75,10 +72,8 @@ def test_bad_strategy_input_fails_before_training(tiny, monkeypatch, tmp_path,
 
 
 def test_malformed_tf_config_on_the_command_line_is_one_line_exit_2(tmp_path):
-  proc = subprocess.run(
-      [sys.executable, "-m", "mpt.main", "--strategy=multi_worker",
-       f"--logdir={tmp_path}/logs"], cwd=ROOT, capture_output=True, text=True,
-      timeout=120, env={**os.environ, "TF_CONFIG": '{"cluster": {"worker": ["h"]}}'})
+  proc = mpt_forked("--strategy=multi_worker", f"--logdir={tmp_path}/logs",
+                    env={"TF_CONFIG": '{"cluster": {"worker": ["h"]}}'}, timeout=120)
   assert proc.returncode == 2, proc.stderr
   assert "mpt: error: TF_CONFIG cluster job 'worker' has a bad address 'h'" in proc.stderr
   assert "Traceback" not in proc.stderr and not (tmp_path / "logs").exists()

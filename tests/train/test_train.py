@@ -1,9 +1,7 @@
 """End to end, in process: both loops x three policies on tiny generated data."""
 
 import json
-import os
 import pathlib
-import subprocess
 
 import pytest
 
@@ -12,7 +10,7 @@ from mpt.errors import UserError
 from mpt.machine import isa
 from mpt.records import runs
 
-from helpers import ROOT, read_events, read_scalars, tiny_cli, train_run
+from helpers import mpt_forked, read_events, read_scalars, tiny_flags, train_run
 
 SUMMARY_KEYS = {
     "policy", "loop", "model", "dataset", "image_size", "batch_size", "epochs", "steps",
@@ -205,11 +203,10 @@ def test_jit_compile_runs_the_step_through_xla(tmp_path, loop):
   eval step by its backward pass (the seed convnet's 3 convolutions, then the
   gradients' 6; an eval step has the 3 alone)."""
   dump = tmp_path / "xla"
-  proc = subprocess.run(
-      tiny_cli(tmp_path, "--jit_compile", f"--loop={loop}", "--epochs=1",
-               "--steps_per_epoch=2", "--run_name=xla"),
-      cwd=ROOT, capture_output=True, text=True, timeout=300,
-      env={**os.environ, "XLA_FLAGS": f"--xla_dump_to={dump}"})
+  # Forked from the TF-importing server: XLA reads XLA_FLAGS at its first compile.
+  proc = mpt_forked(*tiny_flags(tmp_path, "--jit_compile", f"--loop={loop}",
+                                "--epochs=1", "--steps_per_epoch=2", "--run_name=xla"),
+                    env={"XLA_FLAGS": f"--xla_dump_to={dump}"})
   assert proc.returncode == 0, proc.stderr[-3000:]
   convolutions = sorted(p.read_text().count(" convolution(")
                         for p in dump.glob("*before_optimizations.txt"))
