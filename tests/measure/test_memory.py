@@ -184,17 +184,27 @@ def test_a_death_of_memory_ends_in_summary_json_and_one_line(tmp_path, env, stat
     assert f"--resume={run_dir}" in summary["message"]
 
 
-def test_inspect_reports_the_estimate_per_policy(tmp_path):
+@pytest.mark.parametrize("rewrite_on", [True, False])
+def test_inspect_reports_the_estimate_per_policy(tmp_path, monkeypatch, rewrite_on):
+  """Whatever this host's TensorFlow does: with oneDNN's rewrite on, 16-bit
+  activations take half float32's memory; with it off (Eigen's emulated kernels,
+  float32 working copies), as much."""
   from mpt import config
-  from mpt.train import inspect
+  from mpt.train import inspect, keras_fit
+  monkeypatch.setattr(keras_fit, "onednn_rewrite_on", lambda: rewrite_on)
   result = inspect.inspect_only(config.Config(image_size=32, batch_size=64,
                                               logdir=str(tmp_path)))
   mem = json.loads((pathlib.Path(result["run_dir"]) / "memory.json").read_text())
   assert set(mem["policies"]) == set(preflight.POLICIES) and mem["batch_size"] == 64
   f32, bf16 = mem["policies"]["float32"], mem["policies"]["mixed_bfloat16"]
+  assert bf16["emulated_16bit"] is (not rewrite_on)
+  share = 0.5 if rewrite_on else 1.0  # All but the float32 output.
   assert bf16["activations_mb_per_example"] == pytest.approx(
-      f32["activations_mb_per_example"] / 2, rel=0.05)  # All but the float32 output.
-  assert bf16["largest_batch"] > f32["largest_batch"] > 0
+      f32["activations_mb_per_example"] * share, rel=0.05)
+  if rewrite_on:  # 16-bit activations: more fit.
+    assert bf16["largest_batch"] > f32["largest_batch"] > 0
+  else:  # The same activations, and the 16-bit weight copies besides.
+    assert 0 < bf16["largest_batch"] <= f32["largest_batch"]
 
 
 def test_replicas_sharing_the_host_and_global_batches():

@@ -15,14 +15,18 @@ from mpt.sweep import run as sweep
 from mpt.sweep.options import SweepOptions
 from mpt.train import autopolicy
 
-from helpers import DATA, mpt_forked, read_events, tiny_flags, train_run
+from helpers import CPUINFO, DATA, mpt_forked, read_events, tiny_flags, train_run
 
 
-def _run(tmp_path, *flags, kernels=None, fault=None, status=0):
+SPR = "intel_spr_amx_recorded"  # Its cpuinfo and kernel table, recorded together.
+
+
+def _run(tmp_path, *flags, kernels=None, fault=None, status=0, cpuinfo=None):
   """The command line's run, in a process forked from a server that imported
-  TensorFlow (helpers.mpt_forked): mpt reads MPT_KERNELS and MPT_INJECT_FAULT at run
-  time."""
+  TensorFlow (helpers.mpt_forked): mpt reads MPT_KERNELS, MPT_CPUINFO and
+  MPT_INJECT_FAULT at run time."""
   env = {**({"MPT_KERNELS": str(DATA / "kernels" / kernels)} if kernels else {}),
+         **({"MPT_CPUINFO": str(CPUINFO / cpuinfo)} if cpuinfo else {}),
          **({"MPT_INJECT_FAULT": fault} if fault else {})}
   proc = mpt_forked(*tiny_flags(tmp_path, "--epochs=1", *flags), env=env)
   assert proc.returncode == status, proc.stderr[-3000:]
@@ -30,12 +34,13 @@ def _run(tmp_path, *flags, kernels=None, fault=None, status=0):
 
 
 def test_the_users_command_warns_once_before_step_1_on_spr_evidence(tmp_path):
-  # The session's stand-in machine is the recorded Sapphire Rapids (conftest.py).
+  # The recorded Sapphire Rapids, whatever the session's stand-in (pytest --cpuinfo).
+  spr = dict(kernels=f"{SPR}.json", cpuinfo=f"{SPR}.txt")
   # A failure injected just before the loop starts: the warning is out already.
   early = _run(tmp_path / "early", "--policy=mixed_float16", "--loop=custom",
-               fault="fail:4", status=1)
+               fault="fail:4", status=1, **spr)
   assert [l for l in early.splitlines() if l.startswith("WARNING: mixed_float16")]
-  out = _run(tmp_path, "--policy=mixed_float16", "--loop=custom")
+  out = _run(tmp_path, "--policy=mixed_float16", "--loop=custom", **spr)
   warnings = [l for l in out.splitlines() if l.startswith("WARNING: mixed_float16")]
   assert len(warnings) == 1, out
   for words in ("Conv2DBackpropFilter", "ref:any", "--policy=mixed_bfloat16",
