@@ -42,6 +42,8 @@ import resource
 import sys
 from typing import Any
 
+from mpt.errors import UserError
+
 MB = 2**20
 BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int32": 4,
          "int64": 8, "uint8": 1}
@@ -138,7 +140,13 @@ def available_mb(gpu: bool = False) -> tuple[float, str]:
   where NVML is missing, and said so). MPT_AVAILABLE_MB stands in for either."""
   stand_in = os.environ.get("MPT_AVAILABLE_MB")
   if stand_in:  # The test suite's: no outcome may depend on the host's RAM.
-    return float(stand_in), "available (MPT_AVAILABLE_MB stand-in)"
+    try:
+      mb = float(stand_in)
+    except ValueError:
+      mb = -1.0
+    if not mb >= 0:  # NaN too.
+      raise UserError(f"MPT_AVAILABLE_MB={stand_in!r}: expected a number of MiB >= 0")
+    return mb, "available (MPT_AVAILABLE_MB stand-in)"
   note = ""
   if gpu:
     try:

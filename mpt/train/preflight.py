@@ -98,13 +98,13 @@ def for_run(cfg, report: dict[str, Any], trainable: int, replicas: int, workers:
   the device has. A run that will not fit raises WillNotFit (its new, empty folder
   `remove` removed first) unless --force; otherwise the plan summary.json records."""
   ests = estimates(report, cfg.batch_size // replicas, trainable, memory.rss_mb(), gpu)
-  available, where = memory.available_mb(gpu)
   # Replicas on logical CPU devices of this worker share its RAM; GPUs have their own.
   sharing = 1 if gpu else max(1, replicas // max(1, workers))
   try:
+    available, where = memory.available_mb(gpu)
     warning = check(cfg.policy, ests, cfg.force, available, where, sharing=sharing,
                     replicas=replicas)
-  except WillNotFit:
+  except UserError:  # Will not fit, or a bad MPT_AVAILABLE_MB: no folder left behind.
     if remove is not None:
       shutil.rmtree(remove, ignore_errors=True)
     raise

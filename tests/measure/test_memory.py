@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from helpers import ROOT, TINY_FLAGS, mpt_forked
+from mpt.errors import UserError
 from mpt.measure import memory
 from mpt.train import preflight
 
@@ -106,12 +107,25 @@ def test_a_batch_that_cannot_fit_stops_before_training(tmp_path):
       r"~(\d+) under (\S+?)(?:,| \(|$)", errors[0].split("largest batch that fits:")[1]))
   assert set(fits) == set(preflight.POLICIES) and 0 < fits["float32"] < 4096, errors
   assert not [p for p in (tmp_path / "logs").glob("*") if p.is_dir()]  # No folder left.
+  # A stand-in that is no number: one line, exit 2, no folder either.
+  bad = mpt_forked(*flags, "--epochs=1", f"--data_dir={tmp_path}",
+                   f"--logdir={tmp_path}/logs", env={"MPT_AVAILABLE_MB": "lots"})
+  errors = [l for l in bad.stderr.splitlines() if l.startswith("mpt: error")]
+  assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr[-2000:]
+  assert errors == ["mpt: error: MPT_AVAILABLE_MB='lots': expected a number of MiB "
+                    ">= 0"], bad.stderr[-2000:]
+  assert not [p for p in (tmp_path / "logs").glob("*") if p.is_dir()]
 
 
 def test_the_available_memory_stand_in(monkeypatch):
   monkeypatch.setenv("MPT_AVAILABLE_MB", "1234.5")
   assert memory.available_mb() == (1234.5, "available (MPT_AVAILABLE_MB stand-in)")
   assert memory.available_mb(gpu=True)[0] == 1234.5
+  for bad in ("lots", "-1", "nan"):
+    monkeypatch.setenv("MPT_AVAILABLE_MB", bad)
+    with pytest.raises(UserError, match=r"^MPT_AVAILABLE_MB=.*: expected a number of "
+                                        r"MiB >= 0$"):
+      memory.available_mb()
 
 
 @pytest.mark.slow

@@ -90,15 +90,14 @@ def test_step_marker_is_a_step_root_event_in_a_trace(tmp_path):
       "keras_fit.step_marker")
 
 
-def test_onednn_rewrite_on_still_reads_tfs_switch():
+def test_onednn_rewrite_on_still_reads_tfs_switch(children):
   """The switch by its documented variable, in two children started together (TF
   reads it once, at the first op): off with TF_ENABLE_ONEDNN_OPTS=0 and on with 1,
   on any CPU."""
   code = "from mpt.train import keras_fit; print(keras_fit.onednn_rewrite_on())"
-  procs = {value: subprocess.Popen(
+  procs = {value: children.start(
       [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-      text=True, env={**os.environ, "TF_ENABLE_ONEDNN_OPTS": value})
-      for value in ("0", "1")}
+      env={**os.environ, "TF_ENABLE_ONEDNN_OPTS": value}) for value in ("0", "1")}
   for value, expected in (("0", "False"), ("1", "True")):
     out, err = procs[value].communicate(timeout=120)
     assert out.strip() == expected, (
