@@ -2,6 +2,7 @@
 
   python experiments/bench_peer.py                       # 64 and 256 px, batch 32
   python experiments/bench_peer.py --image_sizes=64 --repeats=3 --profile
+  python experiments/bench_peer.py --onednns=off,auto --batchnorms=fused
   pip install -e '.[peer]'                               # PyTorch, for its columns
 
 Cells, each its own child process (fresh state), run one after another and interleaved
@@ -42,6 +43,8 @@ benchlib.define_grid_flags()
 for _name in benchlib.GRID_FLAGS:
   flags.declare_key_flag(_name)
 flags.DEFINE_list("batchnorms", ["keras", "fused"], "BatchNorm kinds for mpt and Keras.")
+flags.DEFINE_list("onednns", ["auto"], "mpt's --onednn settings (off: TF's Eigen "
+                  "kernels, as on a CPU where TF leaves its oneDNN rewrite off).")
 flags.DEFINE_bool("profile", False, "Top ops of mpt's and PyTorch's 16-bit step.")
 flags.DEFINE_string("out", "logs/bench_peer", "Logs root for mpt's run folders.")
 FLAGS = flags.FLAGS
@@ -70,11 +73,14 @@ def cells(size: int, policy: str):
   common = dict(image_size=size, batch_size=FLAGS.batch_size)
   for bn in FLAGS.batchnorms:
     for loop in ("fit", "custom"):
-      yield f"mpt {loop}, {bn} BN", lambda loop=loop, bn=bn: benchlib.run_cell(
-          FLAGS.out, f"{size}px_{policy}_{loop}_{bn}", policy=policy, loop=loop,
-          batchnorm=bn, epochs=1, steps_per_epoch=FLAGS.steps,
-          warmup_steps=FLAGS.warmup, synthetic_train=1300, synthetic_val=100,
-          **common)["ms_per_step"]
+      for dnn in FLAGS.onednns:
+        label = f"mpt {loop}, {bn} BN" + (f", oneDNN {dnn}" if len(FLAGS.onednns) > 1
+                                          else "")
+        yield label, lambda loop=loop, bn=bn, dnn=dnn: benchlib.run_cell(
+            FLAGS.out, f"{size}px_{policy}_{loop}_{bn}_{dnn}", policy=policy, loop=loop,
+            batchnorm=bn, onednn=dnn, epochs=1, steps_per_epoch=FLAGS.steps,
+            warmup_steps=FLAGS.warmup, synthetic_train=1300, synthetic_val=100,
+            **common)["ms_per_step"]
     yield f"plain Keras, {bn} BN", lambda bn=bn: child(
         "keras_plain.py", policy=policy, batchnorm=bn, steps=FLAGS.steps,
         warmup=FLAGS.warmup, **common)["ms_per_step"]

@@ -23,9 +23,10 @@ STRATEGIES = ("default", "mirrored", "multi_worker", "tpu")
 # modes had their own options lists them all; reading one ignores them. A test checks
 # this against the options classes.
 # Flags added after runs were recorded, and the value a run without them had (a
-# flags.txt without --batchnorm ran Keras' layer, whatever the default is now).
+# flags.txt without --batchnorm ran Keras' layer, whatever the default is now; one
+# without --onednn ran TF's default, which `auto` keeps wherever it measures nothing).
 FLAGS_ADDED_LATER = {"batchnorm": "keras", "checkpoint": True, "force": False,
-                     "collective_timeout": 300.0}
+                     "collective_timeout": 300.0, "onednn": "auto"}
 OTHER_MODES_FLAGS = frozenset({
     "mode", "run", "batch_sizes", "policies", "loops", "image_sizes", "models",
     "jit_compiles", "cell_timeout", "microbench_sizes", "microbench_dtypes",
@@ -126,6 +127,13 @@ class Config:
                       "convolutions run as TF32 on Tensor Cores (TensorFlow's "
                       "default); --notf32 measures a plain FP32 baseline. No effect "
                       "on CPUs.")
+  onednn: str = flag(
+      "auto", "TensorFlow's oneDNN graph rewrite on CPUs (TF_ENABLE_ONEDNN_OPTS, set for "
+      "the training process before TensorFlow starts). `auto`: TF's default where it "
+      "is on (CPUs with AVX512_VNNI, AVX512_BF16 or AMX); where TF leaves it off, this "
+      "model's step is measured with and without it and the faster kept. `on`/`off` "
+      "force it. flags.txt records the state the run trained with.",
+      choices=("auto", "on", "off"))
   jit_compile: bool = flag(False, "Compile the train/eval step with XLA in both "
                              "loops.")
 

@@ -134,7 +134,16 @@ def main(argv: list[str], supervise: bool = False) -> int:
             f" drop --{', --'.join(extra)}", file=sys.stderr)
       return 2
   if supervise and FLAGS.mode == "train" and not supervisor.supervised():
-    return supervisor.run(sys.argv)
+    from mpt.train import onednn_choice  # Imports no TensorFlow: the child will.
+    try:
+      child_env = onednn_choice.for_child(cfg)
+    except UserError as e:
+      print(f"mpt: error: {e}", file=sys.stderr)
+      return 2
+    try:
+      return supervisor.run(sys.argv, child_env)
+    finally:
+      onednn_choice.forget(child_env)
   try:
     summary = MODES[FLAGS.mode](cfg, opts)
   except UserError as e:

@@ -108,13 +108,14 @@ def _die_with_parent() -> None:
     pass
 
 
-def run(argv: list[str]) -> int:
-  """Runs `python -m mpt.main argv[1:]` as a watched child; returns its exit status,
-  or, after recording a death by signal, OOM_EXIT (memory), KILLED_EXIT (a SIGKILL
-  from outside) or 1."""
+def run(argv: list[str], child_env: dict[str, str] | None = None) -> int:
+  """Runs `python -m mpt.main argv[1:]` as a watched child, with `child_env` added to
+  its environment (what must be set before TensorFlow starts: TF_ENABLE_ONEDNN_OPTS);
+  returns its exit status, or, after recording a death by signal, OOM_EXIT (memory),
+  KILLED_EXIT (a SIGKILL from outside) or 1."""
   with tempfile.NamedTemporaryFile(prefix="mpt-run-dir-", delete=False) as f:
     marker = pathlib.Path(f.name)
-  env = {**os.environ, ENV: "1", RUN_DIR_FILE: str(marker)}
+  env = {**os.environ, **(child_env or {}), ENV: "1", RUN_DIR_FILE: str(marker)}
   before = oom_kills()
   proc = subprocess.Popen([sys.executable, "-m", "mpt.main", *argv[1:]], env=env,
                           start_new_session=True,

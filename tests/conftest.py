@@ -9,6 +9,9 @@ The suite reads no fact of the host it could get wrong on another machine:
   `gpu` run children that see the host's GPUs, and are skipped where there are none.
 - mpt's cache (`MPT_CACHE`: generated data, microbenchmark results) is a folder of
   this session, never the user's ~/.cache/mpt.
+- The step's cost per policy (mpt/train/cost.py) is not measured (`MPT_COST=none`), so
+  the kernel table decides as on a machine where it cannot run; tests of the
+  measurement set their own stand-in or run it on tiny models.
 - The kernel's OOM-kill counters are a file of this session (`MPT_OOM_KILLS`), which
   only an injected `kill` fault counts in: another process of the host being
   OOM-killed cannot turn a test's SIGKILL into an OOM, nor the reverse.
@@ -27,8 +30,12 @@ os.environ.setdefault("MPT_TEST_HOST_CUDA_VISIBLE_DEVICES",
                       os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>"))
 os.environ["CUDA_VISIBLE_DEVICES"] = ""
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-for leak in ("MPT_INJECT_FAULT", "TF_CONFIG", "MPT_CPUINFO", "MPT_CACHE"):
+# (TF_ENABLE_ONEDNN_OPTS is left as it is: =0 runs the suite on TF's Eigen kernels,
+# as on a CPU where TF leaves its oneDNN rewrite off.)
+for leak in ("MPT_INJECT_FAULT", "TF_CONFIG", "MPT_CPUINFO", "MPT_CACHE",
+             "MPT_ONEDNN_CHOICE"):
   os.environ.pop(leak, None)  # A user's setting must not steer the tests.
+os.environ["MPT_COST"] = "none"
 
 import keras
 import pytest

@@ -89,7 +89,9 @@ def test_offline_tfds_is_one_line_and_exit_2(tmp_path):
 
 
 def test_ctrl_c_writes_an_interrupted_summary(tmp_path, children):
-  proc = start_and_wait_for_an_epoch(children, tmp_path)
+  """Also: --onednn=off reaches the training process through the supervisor (TF's
+  rewrite is off there on any CPU) and is recorded with the variable it set."""
+  proc = start_and_wait_for_an_epoch(children, tmp_path, "--onednn=off")
   proc.send_signal(signal.SIGINT)
   out, err = proc.communicate(timeout=120)
   assert proc.returncode == 130, err
@@ -99,6 +101,10 @@ def test_ctrl_c_writes_an_interrupted_summary(tmp_path, children):
   assert summary["status"] == "interrupted"
   assert summary["steps"] >= 2 and summary["epochs_completed"] >= 1
   assert len(read_events(run)["train/loss"]) >= summary["epochs_completed"]
+  assert (summary["onednn"], summary["tf_enable_onednn_opts"]) == ("off", "0")
+  assert summary["onednn_choice"]["chosen_by"] == "--onednn"
+  assert "mpt: oneDNN's rewrite off: --onednn=off" in out
+  assert "--onednn=off" in (run / "flags.txt").read_text().splitlines()
 
 
 def test_a_second_signal_exits_at_once(tmp_path, children):

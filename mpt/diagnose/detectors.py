@@ -47,11 +47,15 @@ SLOW_KERNELS = fastpath.SLOW  # the probe's time over float32's for this model's
                              # from which the policy's kernels are slow (2x)
 OPPORTUNITY = 1.3            # another policy's measured op time this many times
                              # faster than the run's: worth switching
+ONEDNN_MARGIN = 0.10         # the oneDNN setting a run ran measured this much slower
+                             # than the other: worth switching
 
 SEVERITY = ("high", "medium", "low")
 SIXTEEN = hardware_lib.SIXTEEN
 # What a finding rests on (`Finding.based_on`), most direct first.
 BASES = ("sibling runs",        # a float32 run next to it / the sweep's other cells
+         "step cost",           # the model's step timed per policy before step 1
+                                # (summary.json cost, mpt/train/cost.py)
          "probe",               # the kernel probe's measured table (summary.json kernels)
          "trace",               # the profiler trace's op statistics (op_stats.json)
          "step timing",         # this run's step and data-wait times (summary.json)
@@ -93,10 +97,17 @@ def _x(v: float) -> str:
   return f"{v:.3g}x"
 
 
+def _base(k: dict) -> str:
+  """The BASES name of the measurement a verdict rests on."""
+  return "step cost" if k.get("evidence") == "cost" else "probe"
+
+
 def _ratios_line(k: dict) -> str:
   """Each policy's measured time over float32's for this model's ops, fastest first."""
   ratios = sorted((k.get("policy_ratios") or {}).items(), key=lambda i: i[1])
-  return (f"kernel probe ({k.get('source') or 'probe'}), this model's ops: "
+  what = ("this model's step timed per policy before step 1" if _base(k) == "step cost"
+          else "kernel probe")
+  return (f"{what} ({k.get('source') or 'probe'}), this model's ops: "
           + ", ".join(f"{p} {_x(r)}" for p, r in ratios) + " float32's time")
 
 
@@ -178,12 +189,15 @@ def slow_kernel(ev: Evidence) -> Finding | None:
   fastest = k.get("fastest") or "float32"
   if fastest == policy:
     fastest = "float32"
-  short = "oneDNN's reference kernel" if k.get("reference") else k.get("impl") or "?"
+  short = ("oneDNN's reference kernel" if k.get("reference") else k.get("impl")
+           or "a kernel the step's timing does not name")
   kernel = (k.get("impl") or "an unknown kernel") + (
       " (oneDNN's reference kernel)" if k.get("reference") else "")
   op_ratio = k.get("op_ratio")
   line = f"{half} {op} runs {kernel}" + (
-      f", {_x(op_ratio)} float32's time" if op_ratio else "")
+      f", {_x(op_ratio)} float32's time" if op_ratio else "") if k.get("op") else (
+      f"{half}: this model's step measured {_x(k['ratio'])} float32's time before step "
+      f"1 (no kernel table names the op: --mode=microbench lists each op's kernel)")
   share = evidence_lib.traced_share(ev, op)
   top = (ev.op_stats or {}).get("top_ops") or []
   if share is not None:
@@ -197,23 +211,26 @@ def slow_kernel(ev: Evidence) -> Finding | None:
     evidence.append(_baseline_line(ev))
   else:
     evidence.append(f"{policy}: this model's ops measured {_x(loss)} float32's time in "
-                    f"the kernel probe; " + _baseline_line(ev))
+                    f"the {'step timing' if _base(k) == 'step cost' else 'kernel probe'}"
+                    f"; " + _baseline_line(ev))
   ratios = k.get("policy_ratios") or {}
   evidence.append(_ratios_line(k) + (
       f"; {fastest} is {_x(ratios[policy] / ratios[fastest])} faster than {policy} "
       f"for these ops" if ratios.get(policy) and ratios.get(fastest) else ""))
   if k.get("contradicts"):
     evidence.append(f"{k['contradicts']}: the diagnosis follows the measurement")
-  based_on = ["probe"] + (["trace"] if top else [])
+  based_on = [_base(k)] + (["trace"] if top else [])
   if measured_by == "sibling runs":
     based_on.insert(0, "sibling runs")
   if k.get("contradicts"):
     based_on.append("flags")
   return Finding(
       f"slow_kernel:{half}", _loss_severity(loss), 1 - 1 / loss,
-      f"{half} {op} runs a slow kernel here: {short}"
-      + (f", {_x(op_ratio)} float32's time" if op_ratio else ""),
-      f"the kernel probe measured this model's ops >= {SLOW_KERNELS:g}x float32's "
+      (f"{half} {op} runs a slow kernel here: {short}"
+       + (f", {_x(op_ratio)} float32's time" if op_ratio else "")) if k.get("op") else
+      f"{half} runs slow here: this model's step {_x(k['ratio'])} float32's time",
+      f"the {'step timing' if _base(k) == 'step cost' else 'kernel probe'} measured "
+      f"this model's ops >= {SLOW_KERNELS:g}x float32's "
       f"time; high from {HIGH_LOSS:g}x measured (the float32 run next to it, else the "
       f"probe)", evidence, evidence_lib.rerun(ev, fastest), based_on, loss)
 
@@ -247,15 +264,20 @@ def opportunity(ev: Evidence) -> Finding | None:
     return None  # The float32 run next to it measured slower than this one.
   evidence = [_ratios_line(k) + f": {best} takes {_x(1 / gain)} of {policy}'s time"]
   top = (ev.op_stats or {}).get("top_ops") or []
-  based_on = ["probe"]
+  based_on = [_base(k)]
   expected = gain
-  if top:
+  if top and _base(k) == "probe":  # The step's timing covers all of the step.
     covered = sum(o["share"] for o in top if opstats.canonical_type(o["type"]) in _PROBED)
     expected = 1 / ((1 - covered) + covered / gain)
     evidence.append(f"the probed op types hold {covered:.1%} of this run's traced op time"
                     f": expect about {_x(expected)} this run's speed under {best} (the "
                     f"rest of the step does not speed up)")
     based_on.append("trace")
+  elif _base(k) == "step cost":
+    evidence.append(f"expect about {_x(gain)} this run's speed under {best}: the whole "
+                    f"step was timed")
+    if top:
+      based_on.append("trace")
   else:
     evidence.append(f"expect up to {_x(gain)} this run's speed under {best} if these ops "
                     f"take the step's time (--profile_steps=A,B shows their share)")
@@ -489,10 +511,36 @@ def loss_scale(ev: Evidence) -> Finding | None:
                  f"loss", evidence, step, ["loss scale"])
 
 
+def favoured_policy(ev: Evidence) -> tuple[str, str] | None:
+  """(the policy the evidence favours over this run's, what that rests on), for a run
+  with no measurement before step 1: the fastest sibling run of the same
+  configuration (a 16-bit one only where the CPU flags give it a fast path), else the
+  CPU flags / compute capability."""
+  s = ev.summary
+  times = {p: o["ms_per_step"] for p, o in ev.siblings.items()
+           if o.get("ms_per_step") and (p == "float32" or not no_fast_path_here(s, p))}
+  if times:
+    best = min(times, key=times.get)
+    flags = (f"; the CPU flags give {SIXTEEN[best]} a fast path" if best in SIXTEEN
+             else "")
+    return best, (f"its sibling run under {best} measured {times[best]:.1f} ms/step "
+                  f"next to this one's {s['ms_per_step']:.1f}{flags}")
+  for policy in ("mixed_bfloat16", "mixed_float16", "float32"):
+    if policy != s.get("policy") and not no_fast_path_here(s, policy):
+      return policy, ("the CPU flags / compute capability give it a fast path; no run "
+                      "of it next to this one measured it")
+  return None
+
+
+def no_fast_path_here(s: dict, policy: str) -> bool:
+  return policy in SIXTEEN and evidence_lib.no_fast_path(s, policy) is not None
+
+
 def slower_than_float32(ev: Evidence) -> Finding | None:
   """A 16-bit run measured slower than the float32 run next to it, which neither the
-  CPU flags / compute capability (`hardware`) nor the kernel probe (`slow_kernel`,
-  `opportunity`) explain."""
+  CPU flags / compute capability (`hardware`) nor a measurement before step 1
+  (`slow_kernel`, `opportunity`) explain. Without such a measurement, a run HIGH_LOSS
+  or more times slower gets the policy the evidence favours as its next step."""
   s = ev.summary
   x = evidence_lib.speedup(ev)
   if s.get("policy") not in SIXTEEN or x is None or x >= SLOWER_THAN_FLOAT32:
@@ -503,17 +551,48 @@ def slower_than_float32(ev: Evidence) -> Finding | None:
   step = _where_time_goes(ev)
   k = evidence_lib.kernels(ev)
   if k:
-    evidence.append(f"the kernel probe measured this model's ops at {_x(k['ratio'])} "
+    evidence.append(f"the {'step timing' if _base(k) == 'step cost' else 'kernel probe'}"
+                    f" measured this model's ops at {_x(k['ratio'])} "
                     f"float32's time under {s['policy']}: the kernels do not explain the "
                     f"loss, the rest of the step does (casts, per-op overhead, input)")
-    based_on.append("probe")
+    based_on.append(_base(k))
     step = (f"{evidence_lib.rerun(ev, 'float32')} (measured faster next to it); to see "
             f"where the time goes: " + _where_time_goes(ev, advice=False))
+  elif 1 / x >= HIGH_LOSS:
+    favoured = favoured_policy(ev)
+    if favoured:
+      evidence.append(f"nothing was measured before step 1 (a run made before mpt timed "
+                      f"the step per policy); {favoured[1]}")
+      step = (f"{evidence_lib.rerun(ev, favoured[0])}: the policy the evidence favours "
+              f"({favoured[1]}); " + _where_time_goes(ev, advice=False))
+      based_on.append("flags")
   if (ev.op_stats or {}).get("top_ops"):
     based_on.append("trace")
   return Finding("no_speedup", _loss_severity(1 / x), 1 - x, "no speed-up over float32",
                  f"speed-up over float32 < {SLOWER_THAN_FLOAT32:g}x; high from "
                  f"{HIGH_LOSS:g}x float32's time", evidence, step, based_on, 1 / x)
+
+
+def onednn(ev: Evidence) -> Finding | None:
+  """The run trained with TF's oneDNN rewrite in the setting measured slower for its
+  policy (summary.json `onednn_choice`: both settings measured before step 1)."""
+  s, choice = ev.summary, ev.summary.get("onednn_choice") or {}
+  ms, ran = choice.get("measured_ms") or {}, s.get("onednn")
+  other = {"on": "off", "off": "on"}.get(ran)
+  if not other or not ms.get(ran) or not ms.get(other):
+    return None
+  loss = ms[ran] / ms[other]
+  if loss < 1 + ONEDNN_MARGIN:
+    return None
+  return Finding(
+      "onednn", "high" if loss >= HIGH_LOSS else "medium", 1 - 1 / loss,
+      f"TF's oneDNN rewrite was {ran}, measured {_x(loss)} slower than {other} here",
+      f"the setting the run trained with measured >= {1 + ONEDNN_MARGIN:g}x the other "
+      f"for this model's step before step 1",
+      [f"this model's step measured ~{ms['on']:.0f} ms/step with the rewrite on, "
+       f"~{ms['off']:.0f} off; the run had it {ran} ({choice.get('why') or '?'}; "
+       f"TF_ENABLE_ONEDNN_OPTS={s.get('tf_enable_onednn_opts') or 'unset'})"],
+      f"{evidence_lib.rerun(ev, s['policy'])} --onednn={other}", ["step cost"], None)
 
 
 def achieved_rate(ev: Evidence) -> Finding | None:
@@ -578,6 +657,7 @@ DETECTORS: dict[str, Callable[[Evidence], Finding | None]] = {
     "misaligned": misaligned, "float32_work": float32_work,
     "batchnorm_cost": batchnorm_cost, "no_speedup": slower_than_float32,
     "achieved_rate": achieved_rate, "tf32": tf32, "memory_estimate": memory_estimate,
+    "onednn": onednn,
 }
 NEEDS = {"misaligned": "dtypes.json", "float32_work": "dtypes.json",
          "batchnorm_cost": "dtypes.json"}

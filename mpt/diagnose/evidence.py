@@ -47,6 +47,8 @@ class Evidence:
   run_dir: pathlib.Path | None = None  # The folder diagnosed (its flags.txt replays it).
   # The same configuration with the other --batchnorm, completed, next to it.
   other_batchnorm: dict[str, Any] | None = None
+  # The newest completed run of the same configuration per other policy, next to it.
+  siblings: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
 
 
 def _read_json(path: pathlib.Path) -> dict[str, Any]:
@@ -97,6 +99,20 @@ def find_baseline(run_dir: pathlib.Path, summary: dict[str, Any]) -> dict[str, A
   return max(found, key=lambda f: f[:2])[2] if found else None
 
 
+def find_siblings(run_dir: pathlib.Path,
+                  summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
+  """{policy: the newest completed run of the same configuration under it}, for the
+  policies other than this run's."""
+  found: dict[str, tuple[float, dict[str, Any]]] = {}
+  for mtime, other in _neighbours(run_dir):
+    policy = other.get("policy")
+    if policy != summary.get("policy") and all(other.get(k) == summary.get(k)
+                                               for k in SAME):
+      if policy not in found or mtime > found[policy][0]:
+        found[policy] = (mtime, other)
+  return {p: other for p, (_, other) in found.items()}
+
+
 def find_other_batchnorm(run_dir: pathlib.Path,
                          summary: dict[str, Any]) -> dict[str, Any] | None:
   """The newest completed run next to `run_dir` that differs only in --batchnorm."""
@@ -138,16 +154,19 @@ def load(run_dir: pathlib.Path, notes: list[str]) -> Evidence:
   else:
     if found.get("note"):
       notes.append(f"kernel table: {found['note']}")
-    if found.get("evidence") == "probe" and found.get("contradicts"):
-      notes.append(f"the kernel probe and the CPU flags disagree: "
-                   f"{found['contradicts']}; the diagnosis follows the probe")
+    if found.get("evidence") in MEASURED and found.get("contradicts"):
+      what = "kernel probe" if found["evidence"] == "probe" else "step's timing"
+      short = "probe" if found["evidence"] == "probe" else "timing"
+      notes.append(f"the {what} and the CPU flags disagree: "
+                   f"{found['contradicts']}; the diagnosis follows the {short}")
   try:
     from mpt import models  # Registered variants, for the "aligned" suggestion.
     names = tuple(models.names())
   except ImportError:
     names = ()
   return Evidence(summary, flags, dtypes, op_stats, find_baseline(run_dir, summary),
-                  names, run_dir, find_other_batchnorm(run_dir, summary))
+                  names, run_dir, find_other_batchnorm(run_dir, summary),
+                  find_siblings(run_dir, summary))
 
 
 def speedup(ev: Evidence) -> float | None:
@@ -156,11 +175,17 @@ def speedup(ev: Evidence) -> float | None:
   return base / ms if ms and base else None
 
 
+# The verdicts that rest on a measurement: this model's step timed per policy before
+# step 1 ("cost", mpt/train/cost.py), or the kernel probe's representative shapes.
+MEASURED = ("cost", "probe")
+
+
 def kernels(ev: Evidence) -> dict[str, Any] | None:
-  """summary.json's `kernels` verdict when the kernel probe measured it (None when it
-  rests on the CPU flags only, or the run predates it)."""
+  """summary.json's `kernels` verdict when a measurement made it: the model's step
+  timed per policy, or the kernel probe (None when it rests on the CPU flags only, or
+  the run predates it)."""
   found = ev.summary.get("kernels") or {}
-  if found.get("evidence") == "probe" and found.get("policy_ratios"):
+  if found.get("evidence") in MEASURED and found.get("policy_ratios"):
     return found
   return None
 

@@ -64,7 +64,7 @@ def format_figures(f: dict[str, Any]) -> list[str]:
 
 def _kernels(k: dict[str, Any]) -> str:
   """summary.json's `kernels` verdict in one line."""
-  if k.get("evidence") != "probe" or not k.get("policy_ratios"):
+  if k.get("evidence") not in ("cost", "probe") or not k.get("policy_ratios"):
     return ("not measured, by the CPU flags / GPU compute capability: "
             + (k.get("text") or "no slow-path warning"))
   ratios = sorted(k["policy_ratios"].items(), key=lambda i: i[1])

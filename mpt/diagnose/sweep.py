@@ -95,7 +95,7 @@ def _kernels(folder: pathlib.Path, cells: list[Cell],
     path = (cell_dir(folder, c) or folder / "-") / "summary.json"
     if c.policy == policy and path.is_file():
       k = summary_lib.read(path).kernels or {}
-      if k.get("evidence") == "probe" and k.get("policy_ratios"):
+      if k.get("evidence") in ("cost", "probe") and k.get("policy_ratios"):
         return k
   return None
 
@@ -104,14 +104,15 @@ def _probe_reason(k: dict[str, Any], policy: str) -> str:
   """Why the kernel probe says `policy` is slow here (or that its kernels are not)."""
   ratio = k.get("ratio") or k["policy_ratios"].get(policy)
   source = k.get("source") or "probe"
+  what = "step timing" if k.get("evidence") == "cost" else "kernel probe"
   if k.get("slow"):
     kernel = (k.get("impl") or "?") + (" (oneDNN's reference kernel)"
                                        if k.get("reference") else "")
-    why = (f"the kernel probe ({source}) measured this model's ops under {policy} at "
+    why = (f"the {what} ({source}) measured this model's ops under {policy} at "
            f"{ratio:.3g}x float32's time; worst: {k.get('op')} runs {kernel}"
            + (f", {k['op_ratio']:.3g}x float32's time" if k.get("op_ratio") else ""))
   else:
-    why = (f"the kernel probe ({source}) measured this model's ops under {policy} at "
+    why = (f"the {what} ({source}) measured this model's ops under {policy} at "
            f"{ratio:.3g}x float32's time: its kernels alone do not explain the loss")
   fastest = k.get("fastest")
   if fastest and fastest != policy and k.get("fastest_ratio"):

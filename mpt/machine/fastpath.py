@@ -55,18 +55,34 @@ def worst_op(table: dict[str, Any], dtype: str, families) -> dict[str, Any] | No
   return max(rows, key=lambda r: r["ratio"]) if rows else None
 
 
+def step_ratios(predicted_ms: dict[str, float] | None) -> dict[str, float]:
+  """{policy: predicted step time over float32's} from the model's timed step, when
+  float32 and another policy were timed."""
+  ms = predicted_ms or {}
+  if not ms.get("float32") or len(ms) < 2:
+    return {}
+  return {p: v / ms["float32"] for p, v in ms.items() if p in POLICY_DTYPE}
+
+
 def verdict(policy: str, table: dict[str, Any] | None, families, flags: set[str],
-            gpu_caps: list[tuple[int, int]], cpu_name: str) -> dict[str, Any]:
+            gpu_caps: list[tuple[int, int]], cpu_name: str,
+            step_ms: dict[str, float] | None = None) -> dict[str, Any]:
   """What is known about `policy`'s speed here, and on what evidence.
 
-  Keys: evidence ("probe" or "flags"), slow (bool), ratio (measured time over
-  float32's, or None), op/impl/op_ratio/reference (the worst op), fastest (the policy
-  measured fastest, or the flags' advice), fastest_ratio, contradicts (words, or
-  None), text (the one-line warning, or None)."""
+  `step_ms`: this model's step timed per policy before step 1 (predicted ms/step,
+  mpt/train/cost.py), which outranks the kernel table's representative shapes; the
+  table then only names the worst op's kernel. Keys: evidence ("cost", "probe" or
+  "flags"), slow (bool), ratio (measured time over float32's, or None),
+  op/impl/op_ratio/reference (the worst op), fastest (the policy measured fastest, or
+  the flags' advice), fastest_ratio, contradicts (words, or None), text (the one-line
+  warning, or None), policy_ratios, step_ms."""
   by_flags = hardware.fast_path(policy, flags, gpu_caps, cpu_name)
-  ratios = policy_ratios(table, families) if not gpu_caps else {}
+  ratios = step_ratios(step_ms)
+  evidence = "cost" if ratios.get(policy) else "probe"
+  if evidence == "probe":
+    ratios = policy_ratios(table, families) if not gpu_caps else {}
   if not ratios:
-    return {"evidence": "flags", "slow": bool(by_flags), "ratio": None, "op": None,
+    return {"evidence": "flags", "step_ms": None, "slow": bool(by_flags), "ratio": None, "op": None,
             "impl": None, "op_ratio": None, "reference": False,
             "fastest": by_flags[1] if by_flags else None, "fastest_ratio": None,
             "contradicts": None, "policy_ratios": {},
@@ -75,7 +91,7 @@ def verdict(policy: str, table: dict[str, Any] | None, families, flags: set[str]
   dtype = POLICY_DTYPE[policy]
   ratio = ratios[policy]
   fastest = min(ratios, key=ratios.get)
-  worst = worst_op(table, dtype, families) if dtype != "float32" else None
+  worst = worst_op(table, dtype, families) if dtype != "float32" and table else None
   slow = ratio >= SLOW
   contradicts = None
   if slow and not by_flags and dtype != "float32":
@@ -88,13 +104,19 @@ def verdict(policy: str, table: dict[str, Any] | None, families, flags: set[str]
   if slow:
     kernel = worst["impl"] + (" (oneDNN's reference kernel)" if worst["reference"]
                               else "") if worst else "?"
-    text = (f"{policy}: this model's ops measured {ratio:.1f}x float32's time here; "
-            f"worst: {dtype} {worst['op'] if worst else '?'} runs {kernel}, "
-            f"{(worst or {}).get('ratio') or 0:.1f}x float32")
+    if evidence == "cost":
+      text = (f"{policy}: this model's step measured {ratio:.1f}x float32's time here "
+              f"(~{step_ms[policy]:,.0f} vs ~{step_ms['float32']:,.0f} ms/step)")
+    else:
+      text = f"{policy}: this model's ops measured {ratio:.1f}x float32's time here"
+    if worst:
+      text += (f"; worst: {dtype} {worst['op']} runs {kernel}, "
+               f"{worst.get('ratio') or 0:.1f}x float32")
     if fastest != policy:
       text += (f"; measured fastest here: --policy={fastest} "
                f"({ratios[fastest]:.2f}x float32's time)")
-  return {"evidence": "probe", "slow": slow, "ratio": ratio,
+  return {"evidence": evidence, "step_ms": step_ms if evidence == "cost" else None,
+          "slow": slow, "ratio": ratio,
           "op": worst["op"] if worst else None, "impl": worst["impl"] if worst else None,
           "op_ratio": worst["ratio"] if worst else None,
           "reference": bool(worst and worst["reference"]), "fastest": fastest,

@@ -59,6 +59,26 @@ def fast_path(policy: str, flags: set[str], gpu_caps: list[tuple[int, int]],
           f"(converted to float32 and back) and is unlikely to beat float32", "float32")
 
 
+# TF 2.21's rule for its oneDNN rewrite on Linux x86 when TF_ENABLE_ONEDNN_OPTS is
+# unset (DefaultOneDnnPolicy in tensorflow/core/util/port.cc): CPUs with these features.
+# tests/machine/test_hardware.py checks it against TF's own answer on the host.
+ONEDNN_DEFAULT_FLAGS = ("avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8",
+                        "amx_bf16")
+
+
+def onednn_default(flags: set[str]) -> tuple[bool | None, str]:
+  """(whether TensorFlow turns its oneDNN rewrite on by default on a CPU with `flags`
+  (None: not an x86 CPU, where TF decides by the core, e.g. on for Neoverse V1), why,
+  in words)."""
+  if "sse2" not in flags:
+    return None, "TF decides by the core on this (not x86) CPU"
+  found = [f for f in ONEDNN_DEFAULT_FLAGS if f in flags]
+  if found:
+    return True, f"TF turns it on for CPUs with {found[0].upper()}"
+  return False, ("TF leaves it off on CPUs without AVX512_VNNI, AVX512_BF16, AVX_VNNI "
+                 "or AMX")
+
+
 def gpu_compute_capabilities() -> list[tuple[int, int]]:
   """(major, minor) of each visible GPU; empty on a CPU-only machine."""
   return [cc for _, cc in _gpu_details() if cc]

@@ -22,7 +22,7 @@ STATUSES = ("completed", "interrupted", "diverged", "oom", "failed")
 # fields are equal: a float32 run so is the baseline of a 16-bit one (the diagnosis'
 # and `--mode=compare`'s speed-up vs float32).
 SAME_CONFIG = ("model", "model_opts", "image_size", "batch_size", "dataset", "strategy",
-               "jit_compile", "device", "input_work", "batchnorm")
+               "jit_compile", "device", "input_work", "batchnorm", "onednn")
 Stats = dict[str, Any]
 
 
@@ -85,6 +85,15 @@ class RunSummary:
   kernels: dict[str, Any] | None = None
   # --policy=auto: each candidate's timed steps, the choice, what choosing cost.
   policy_choice: dict[str, Any] | None = None
+  # This model's step timed under each policy before step 1 (mpt/records/cost.py's
+  # Cost: predicted ms/step per policy, what was timed, what measuring cost). None:
+  # not measured (a short run, a stand-in of none, or written before mpt measured it).
+  cost: dict[str, Any] | None = None
+  # TF's oneDNN rewrite: "on"/"off" as TF reported it in the run (None: written
+  # before mpt recorded it), the variable as the run saw it, and why (OnednnChoice).
+  onednn: str | None = None
+  tf_enable_onednn_opts: str | None = None
+  onednn_choice: dict[str, Any] | None = None
   # Memory: the preflight's estimate (this policy's breakdown, every policy's total,
   # what was available) and the measured peak (peak_rss_mb; gpu_peak_mb on a GPU),
   # with estimate_over_measured. None: written before mpt estimated memory.

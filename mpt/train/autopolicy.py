@@ -9,6 +9,11 @@ time: one step is enough to know). The fastest candidate with a finite loss wins
 table, the choice and what choosing cost go to summary.json (`policy_choice`) and
 TensorBoard. The run then trains from scratch with the chosen policy, recorded as
 that policy in flags.txt, so that --resume and a replayed flags.txt continue it.
+
+With the step's cost per policy measured before (mpt/train/cost.py), only the
+policies it leaves in doubt are timed: a policy predicted more than DOUBT times the
+fastest prediction is dropped untimed, and when one policy is left it is chosen
+without timing anything.
 """
 
 import math
@@ -25,6 +30,7 @@ from mpt.train.data import Data
 
 CANDIDATES = ("float32", "mixed_bfloat16", "mixed_float16")
 DROP = 5.0
+DOUBT = 1.5  # The prediction's error bound (measured within 1.5x, experiments/).
 
 
 def _time_policy(policy: str, cfg: Config, data: Data, strategy, build: Callable,
@@ -52,13 +58,38 @@ def _time_policy(policy: str, cfg: Config, data: Data, strategy, build: Callable
           "dropped": None}
 
 
+def _untimed(predicted: dict[str, float] | None) -> dict[str, dict[str, Any]]:
+  """The candidates the prediction rules out, as rows that say why."""
+  if not predicted or not all(predicted.get(p) for p in CANDIDATES):
+    return {}
+  best = min(predicted.values())
+  return {p: {"policy": p, "first_ms": None, "ms_per_step": None, "finite": True,
+              "predicted_ms": predicted[p],
+              "dropped": f"predicted {predicted[p] / best:.2g}x the fastest "
+                         f"(~{predicted[p]:,.0f} ms/step): not timed"}
+          for p in CANDIDATES if predicted[p] > DOUBT * best}
+
+
 def choose(cfg: Config, data: Data, strategy, build: Callable[[], keras.Model],
-           steps: int = 3) -> tuple[str, dict[str, Any]]:
-  """(the chosen policy, the record of the choice); `build()` makes the model."""
+           steps: int = 3, predicted: dict[str, float] | None = None
+           ) -> tuple[str, dict[str, Any]]:
+  """(the chosen policy, the record of the choice); `build()` makes the model;
+  `predicted`: each policy's predicted ms/step, when measured."""
   start, rows, best_first = time.perf_counter(), [], None
+  untimed = _untimed(predicted)
+  in_doubt = [p for p in CANDIDATES if p not in untimed]
   for policy in CANDIDATES:
+    if policy in untimed:
+      rows.append(untimed[policy])
+      continue
+    if len(in_doubt) == 1:  # The prediction alone decides.
+      rows.append({"policy": policy, "first_ms": None, "finite": True,
+                   "ms_per_step": predicted[policy], "predicted_ms": predicted[policy],
+                   "dropped": None})
+      continue
     row = _time_policy(policy, cfg, data, strategy, build, steps,
                        DROP * best_first if best_first else None)
+    row["predicted_ms"] = (predicted or {}).get(policy)
     rows.append(row)
     if row["ms_per_step"] is not None and row["finite"]:
       best_first = min(best_first or row["first_ms"], row["first_ms"])
@@ -68,7 +99,8 @@ def choose(cfg: Config, data: Data, strategy, build: Callable[[], keras.Model],
   for r in rows:
     r["vs_float32"] = base / r["ms_per_step"] if base and r["ms_per_step"] else None
   keras.backend.clear_session()
-  return chosen, {"requested": "auto", "chosen": chosen, "steps_timed": steps,
+  return chosen, {"requested": "auto", "chosen": chosen,
+                  "steps_timed": steps if len(in_doubt) > 1 else 0,
                   "candidates": rows, "seconds": round(time.perf_counter() - start, 2)}
 
 
@@ -81,6 +113,9 @@ def format_table(choice: dict[str, Any], markdown: bool = False) -> str:
     vs = f"{r['vs_float32']:.2f}x" if r["vs_float32"] else "-"
     note = r["dropped"] or ("non-finite loss" if not r["finite"] else
                             "chosen" if r["policy"] == choice["chosen"] else "")
-    lines.append(f"| {r['policy']} | {ms} | {vs} | {r['first_ms']:.0f} | {note} |")
+    first = f"{r['first_ms']:.0f}" if r["first_ms"] is not None else "-"
+    if r["first_ms"] is None and r["ms_per_step"] and not r["dropped"]:
+      note = "chosen on its predicted cost, not timed"
+    lines.append(f"| {r['policy']} | {ms} | {vs} | {first} | {note} |")
   lines.append(f"choosing took {choice['seconds']:.1f} s")
   return "\n".join(lines)

@@ -13,6 +13,7 @@ import keras
 from mpt.machine import fastpath
 from mpt.machine import hardware
 from mpt.machine import kernels
+from mpt.records.cost import Cost
 
 
 def set_policy(name: str) -> keras.DTypePolicy:
@@ -48,19 +49,23 @@ def layer_classes(model: keras.Model) -> list[str]:
   return names
 
 
-def check_speed(policy: str, layer_classes) -> dict:
+def check_speed(policy: str, layer_classes, cost: Cost | None = None) -> dict:
   """The measured verdict on `policy` for a model with these layers, on this machine
   (mpt/machine/fastpath.py); prints ONE warning when it is slow, before step 1.
 
-  The kernel table comes from $MPT_KERNELS, the cache, or a ~10 s probe; with none,
-  the CPU flags decide, as `slow_path_warning` says."""
+  This model's step timed per policy (`cost`, mpt/train/cost.py) decides how slow; the
+  kernel table ($MPT_KERNELS, the cache, or a ~10 s probe) names the kernel to blame,
+  and decides alone where the step was not timed; with neither, the CPU flags do, as
+  `slow_path_warning` says."""
   table, note = kernels.table()
   gpu_caps = hardware.gpu_compute_capabilities()
   found = fastpath.verdict(policy, table, fastpath.families_of(layer_classes),
                            hardware.cpu_flags(), gpu_caps,
-                           "" if gpu_caps else f"this CPU ({hardware.cpu_name()})")
-  found.update(source=(table or {}).get("source", "CPU flags"), note=note or
-               (table or {}).get("note"))
+                           "" if gpu_caps else f"this CPU ({hardware.cpu_name()})",
+                           cost.predicted() if cost else None)
+  found.update(source=(f"this model's step, {cost.source}" if found["evidence"] == "cost"
+                       else (table or {}).get("source", "CPU flags")),
+               note=note or (table or {}).get("note"))
   if note:
     print(f"mpt: note: {note}", flush=True)
   if found["text"]:

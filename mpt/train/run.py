@@ -43,19 +43,37 @@ from mpt.measure import profiler
 from mpt.measure import sampler as sampler_lib
 from mpt.records import rundir
 from mpt.records import runs as runs_lib
+from mpt.records.cost import Cost, OnednnChoice, device_batch
 from mpt.train import autopolicy
 from mpt.train import callbacks as callbacks_lib
 from mpt.train import checkpoint
+from mpt.train import cost as cost_lib
 from mpt.train import data as data_lib
 from mpt.train import distribute
 from mpt.train import guards
+from mpt.train import keras_fit
 from mpt.train import loops
+from mpt.train import onednn_choice
 from mpt.train import precision
 from mpt.train import preflight
 from mpt.train import steps as steps_lib
 from mpt.train import summary as summary_lib
 
 AfterRun = Callable[[pathlib.Path], str | None]
+
+
+@dataclasses.dataclass
+class Prepared:
+  """What `_prepare` settles before the model is built."""
+  cfg: config.Config
+  policy: keras.DTypePolicy
+  data: data_lib.Data
+  window: Any
+  fault_window: tuple[int, int] | None
+  dist: distribute.Setup
+  choice: dict[str, Any] | None  # --policy=auto's record.
+  cost: Cost | None  # This model's step per policy (mpt/train/cost.py).
+  onednn: OnednnChoice  # TF's oneDNN rewrite, and why.
 
 
 def resume_config(cfg: config.Config) -> config.Config:
@@ -98,11 +116,17 @@ def _prepare(cfg: config.Config):
   logging.info("data: %s, %d train / %d val images, %d classes, %d skipped files",
                data.source, data.n_train, data.n_val, len(data.class_names),
                len(data.skipped_files))
+  onednn, cost = _before_step_one(cfg, data, dist)
+  # flags.txt records the rewrite's state the run trains with, so that --resume and a
+  # replayed flags.txt run under it (runs that differ in it are not the same config).
+  cfg = dataclasses.replace(cfg, onednn=onednn.label() if onednn.on is not None
+                            else cfg.onednn)
   choice = None
   if cfg.policy == "auto":
     chosen, choice = autopolicy.choose(
         cfg, data, dist.strategy,
-        lambda: build_model(cfg, len(data.class_names), dist.replicas))
+        lambda: build_model(cfg, len(data.class_names), dist.replicas),
+        predicted=cost.predicted() if cost else None)
     print(f"mpt: --policy=auto: {chosen} was fastest here\n"
           f"{autopolicy.format_table(choice)}", flush=True)
     cfg = dataclasses.replace(cfg, policy=chosen)
@@ -111,7 +135,47 @@ def _prepare(cfg: config.Config):
   print(precision.describe(policy), flush=True)
   window = profiler.parse_window(cfg.profile_steps, cfg.warmup_steps,
                                  cfg.epochs * data.steps_per_epoch)
-  return cfg, policy, data, window, fault_window, dist, choice
+  return Prepared(cfg, policy, data, window, fault_window, dist, choice, cost, onednn)
+
+
+def _before_step_one(cfg: config.Config, data: data_lib.Data, dist: distribute.Setup):
+  """(TF's oneDNN rewrite here and why, this model's step cost per policy or None),
+  each said in one line."""
+  onednn = onednn_choice.current(keras_fit.onednn_rewrite_on())
+  if dist.workers > 1:
+    print("mpt: note: the step's cost per policy was not measured: each worker of a "
+          "cluster would measure on its own", flush=True)
+    return onednn, None
+  build = lambda: build_model(cfg, len(data.class_names))
+  found, note = cost_lib.for_run(cfg, build, cfg.epochs * data.steps_per_epoch,
+                                 fits=lambda: _will_not_fit(cfg, build))
+  keras.utils.set_random_seed(cfg.seed)  # The run starts as a fresh one would.
+  if note:
+    print(f"mpt: note: {note}", flush=True)
+  if found:
+    print(cost_lib.one_line(found, onednn.short()), flush=True)
+  return onednn, found
+
+
+def _will_not_fit(cfg: config.Config, build: Callable[[], keras.Model]) -> str | None:
+  """Why measuring the step at the run's batch would run out of memory, or None: the
+  memory preflight's estimate under each policy (the run's own check comes later and
+  says it in full)."""
+  keras.backend.clear_session()
+  precision.set_policy("float32")
+  model = build()
+  report = dtypes_lib.inspect_model(model, seed=cfg.seed)
+  trainable = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
+  gpu = bool(tf.config.list_logical_devices("GPU"))
+  ests = preflight.estimates(report, device_batch(cfg), trainable,
+                             memory.rss_mb(), gpu)
+  keras.backend.clear_session()
+  try:
+    for policy in ests:
+      preflight.check(policy, ests, force=False)
+  except UserError as e:
+    return str(e).partition(" (--force")[0]
+  return None
 
 
 def build_model(cfg: config.Config, n_classes: int, replicas: int = 1) -> keras.Model:
@@ -141,7 +205,10 @@ def train_and_evaluate(cfg: config.Config,
   start = time.perf_counter()
   if cfg.resume:
     cfg = resume_config(cfg)
-  cfg, policy, data, window, fault_window, dist, choice = _prepare(cfg)
+  ready = _prepare(cfg)
+  cfg, policy, data, window, fault_window, dist, choice = (
+      ready.cfg, ready.policy, ready.data, ready.window, ready.fault_window, ready.dist,
+      ready.choice)
   if cfg.resume:
     run_dir = pathlib.Path(cfg.resume).expanduser()
   elif dist.is_chief:
@@ -163,7 +230,7 @@ def train_and_evaluate(cfg: config.Config,
     model = build_model(cfg, len(data.class_names), dist.replicas)
     optimizer = precision.make_optimizer(cfg.policy, cfg.learning_rate, cfg.loss_scale)
     optimizer.build(model.trainable_variables)  # Its slots must exist to be restored.
-  speed = precision.check_speed(cfg.policy, precision.layer_classes(model))
+  speed = precision.check_speed(cfg.policy, precision.layer_classes(model), ready.cost)
   memory.reset_peak()  # This run's peak, not an earlier one's in the same process.
   # The dtype report: the memory estimate's layer sizes, and dtypes.json.
   with dist.strategy.scope():
@@ -211,7 +278,7 @@ def train_and_evaluate(cfg: config.Config,
           "wall_s": prior_wall + time.perf_counter() - start})
   run = summary_lib.RunState(cfg, str(run_dir), policy, data, optimizer, cbs.timer,
                              ckpt, dist, speed, report, sampler,
-                             choice, mem)
+                             choice, mem, ready.cost, ready.onednn)
 
   status, message = "failed", None  # Until the loop returns or is stopped.
   try:

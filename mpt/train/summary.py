@@ -20,6 +20,7 @@ from mpt.measure import dtypes as dtypes_lib
 from mpt.measure import instrument
 from mpt.measure import memory
 from mpt.measure import sampler as sampler_lib
+from mpt.records.cost import Cost, OnednnChoice
 from mpt.records.summary import RunSummary
 from mpt.train import checkpoint
 from mpt.train import data as data_lib
@@ -43,6 +44,8 @@ class RunState:
   sampler: sampler_lib.Sampler | None = None
   policy_choice: dict[str, Any] | None = None  # --policy=auto's record.
   memory: dict[str, Any] | None = None  # The preflight's estimates (run.py).
+  cost: Cost | None = None  # This model's step per policy, before step 1.
+  onednn: OnednnChoice | None = None  # TF's oneDNN rewrite, and why.
 
 
 def _memory(estimates: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -101,6 +104,10 @@ def build(run: RunState, status: str, wall_s: float,
       skipped_steps=precision.skipped_steps(run.optimizer, timer.steps),
       slow_path_warning=(run.speed or {}).get("text"), kernels=run.speed,
       policy_choice=run.policy_choice,
+      cost=run.cost.to_dict() if run.cost else None,
+      onednn=run.onednn.label() if run.onednn else None,
+      tf_enable_onednn_opts=run.onednn.env if run.onednn else None,
+      onednn_choice=run.onednn.to_dict() if run.onednn else None,
       memory=_memory(run.memory),
       flops_share_16bit=run.report["flops_share_16bit"] if run.report else None,
       flops_per_step=flops, achieved_gflops=achieved,

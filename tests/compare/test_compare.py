@@ -122,6 +122,20 @@ def test_two_runs_that_differ_are_both_flagged_and_the_other_loop_is_named(logs)
   assert row["vs float32"] == f"{ratio:.2f}x (vs custom)"
 
 
+def test_runs_that_differ_only_in_onednns_rewrite_are_not_the_same_configuration(logs):
+  """TF_ENABLE_ONEDNN_OPTS changes which kernels run (1.3x on a Zen 3's float32 step):
+  a float32 run with the rewrite on is no baseline for a 16-bit run with it off."""
+  patch_summary(logs / "f32_custom", onednn="on")
+  patch_summary(logs / "f16_custom", onednn="off")
+  compare.run(CompareOptions(runs=f"{logs}/f32_custom,{logs}/f16_custom"))
+  rows = table((logs / "compare.md").read_text())
+  assert rows["f16_custom *"]["notes"] == "onednn off (others on)"
+  assert rows["f16_custom *"]["vs float32"] == "-"
+  patch_summary(logs / "f16_custom", onednn="on")
+  compare.run(CompareOptions(runs=f"{logs}/f32_custom,{logs}/f16_custom"))
+  assert table((logs / "compare.md").read_text())["f16_custom"]["vs float32"] != "-"
+
+
 def test_figures_an_older_summary_lacks_are_computed_or_shown_as_dashes(logs):
   s = summary("f32_fit")
   patch_summary(logs / "f32_fit", drop=("step_time_ms", "images_per_sec",

@@ -558,7 +558,11 @@ def docs_mismatches(text: str) -> list[tuple[str, str]]:
       "faster policy measured": [f">= {d.OPPORTUNITY:g}x faster"],
       "no fast 16-bit path": ["only when no kernel probe was recorded",
                               f"measured >= {d.HIGH_LOSS:g}x float32's time"],
-      "no speed-up": [f"high from {d.HIGH_LOSS:g}x"],
+      "no speed-up": [f"high from {d.HIGH_LOSS:g}x",
+                      f"without one and >= {d.HIGH_LOSS:g}x slower, the policy the "
+                      "evidence favours"],
+      "oneDNN setting": [f">= {1 + d.ONEDNN_MARGIN:g}x slower than the other",
+                         f"high from {d.HIGH_LOSS:g}x"],
       "BatchNorm cost": [f">= {d.BATCHNORM_TIME_SHARE:.0%} of traced time",
                          "--batchnorm=fused"],
   }

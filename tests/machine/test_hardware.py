@@ -252,3 +252,19 @@ def test_kernel_stats_rows_with_bad_cells_are_skipped_and_counted():
 def test_a_trace_xprof_cannot_read_is_a_note(tmp_path):
   table = gpu_kernels.from_trace(str(tmp_path / "missing.xplane.pb"))
   assert table["rows"] == [] and table["note"]
+
+
+@pytest.mark.parametrize("cpuinfo,expect,word", [
+    ("amd_epyc_zen3_dev_machine", False, "without AVX512_VNNI"),  # AVX2 + FMA only.
+    ("intel_broadwell_avx2", False, "without AVX512_VNNI"),
+    ("amd_epyc_zen4_dev_machine", True, "AVX512_VNNI"),
+    ("intel_spr_amx_recorded", True, "AVX512_VNNI"),
+    ("arm_neoverse_v1", None, "not x86"),
+])
+def test_tfs_default_for_its_onednn_rewrite_on_recorded_cpus(cpuinfo, expect, word):
+  """TF 2.21's DefaultOneDnnPolicy (tensorflow/core/util/port.cc): on for x86 CPUs with
+  AVX512_VNNI, AVX512_BF16, AVX_VNNI or AMX; tests/train/test_keras_fit.py holds the
+  rule to TF's own answer on the host."""
+  cpu = isa.detect(str(CPUINFO / f"{cpuinfo}.txt"))
+  on, why = hardware.onednn_default(cpu.flags)
+  assert on is expect and word in why

@@ -134,6 +134,45 @@ def test_auto_drops_a_candidate_whose_first_step_is_too_slow_and_a_non_finite_on
   assert choice["seconds"] == pytest.approx(1.3 + 1.08 + 6.0)  # On the scripted clock.
 
 
+@pytest.mark.parametrize("predicted,timed,chosen", [
+    # bfloat16 predicted fastest; float32 within 1.5x of it is in doubt, float16 not.
+    ({"float32": 100.0, "mixed_bfloat16": 80.0, "mixed_float16": 400.0},
+     {"float32", "mixed_bfloat16"}, "mixed_bfloat16"),
+    # Nothing within 1.5x of bfloat16's prediction: chosen without timing anything.
+    ({"float32": 130.0, "mixed_bfloat16": 80.0, "mixed_float16": 400.0}, set(),
+     "mixed_bfloat16"),
+])
+def test_a_measured_cost_leaves_only_the_policies_in_doubt_to_time(
+    predicted, timed, chosen, monkeypatch):
+  ran, clock = set(), ScriptedClock()
+
+  class Steps:  # A step is the clock moving on by the prediction: it was right.
+    def __init__(self, model, optimizer, **kwargs):
+      self.policy = keras.mixed_precision.global_policy().name
+
+    def train_step(self, images, labels):
+      ran.add(self.policy)
+      clock.now += predicted[self.policy] / 1e3
+      return {"loss": 0.5}
+
+  class Strategy:
+    scope = staticmethod(contextlib.nullcontext)
+    experimental_distribute_dataset = staticmethod(lambda ds: ds)
+
+  data = types.SimpleNamespace(train_from=lambda step: iter([(None, None)] * 10))
+  monkeypatch.setattr(autopolicy, "time", clock)
+  monkeypatch.setattr(autopolicy.steps_lib, "Steps", Steps)
+  got, choice = autopolicy.choose(config.Config(), data, Strategy(), lambda: None,
+                                  predicted=predicted)
+  rows = {r["policy"]: r for r in choice["candidates"]}
+  assert ran == timed and got == chosen
+  assert rows["mixed_float16"]["dropped"] == ("predicted 5x the fastest (~400 ms/step): "
+                                              "not timed")
+  assert choice["steps_timed"] == (3 if timed else 0)
+  table = autopolicy.format_table(choice)
+  assert ("chosen on its predicted cost, not timed" in table) is (not timed)
+
+
 def test_auto_is_for_single_training_runs(tiny, tmp_path):
   with pytest.raises(UserError, match="--policy=auto is for single runs"):
     sweep.run(tiny(policy="auto"), SweepOptions())

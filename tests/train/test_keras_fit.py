@@ -10,6 +10,8 @@ import numpy as np
 import tensorflow as tf
 
 import helpers
+from mpt.machine import hardware
+from mpt.machine import isa
 from mpt.train import keras_fit
 
 
@@ -91,16 +93,25 @@ def test_step_marker_is_a_step_root_event_in_a_trace(tmp_path):
 
 
 def test_onednn_rewrite_on_still_reads_tfs_switch(children):
-  """The switch by its documented variable, in two children started together (TF
-  reads it once, at the first op): off with TF_ENABLE_ONEDNN_OPTS=0 and on with 1,
-  on any CPU."""
+  """The switch by its documented variable, in children started together (TF reads it
+  once, at the first op): off with TF_ENABLE_ONEDNN_OPTS=0 and on with 1, on any CPU;
+  unset, TF's default, which mpt's copy of TF's rule (hardware.onednn_default, used
+  before TF starts) must give for this host's real CPU."""
   code = "from mpt.train import keras_fit; print(keras_fit.onednn_rewrite_on())"
+  env = {k: v for k, v in os.environ.items()
+         if k not in ("TF_ENABLE_ONEDNN_OPTS", "MPT_CPUINFO")}
   procs = {value: children.start(
       [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-      env={**os.environ, "TF_ENABLE_ONEDNN_OPTS": value}) for value in ("0", "1")}
-  for value, expected in (("0", "False"), ("1", "True")):
+      env={**env, **({"TF_ENABLE_ONEDNN_OPTS": value} if value else {})})
+      for value in ("0", "1", None)}
+  host = isa.detect("/proc/cpuinfo") if os.path.exists("/proc/cpuinfo") else None
+  default = str(hardware.onednn_default(host.flags)[0]) if host else None
+  for value, expected in (("0", "False"), ("1", "True"), (None, default)):
     out, err = procs[value].communicate(timeout=120)
+    if expected is None:
+      continue  # No /proc/cpuinfo: nothing to compare the rule with.
     assert out.strip() == expected, (
         "tensorflow.python.util._pywrap_util_port.IsMklEnabled no longer answers "
         f"TF_ENABLE_ONEDNN_OPTS={value}: revisit keras_fit.onednn_rewrite_on "
+        "and hardware.ONEDNN_DEFAULT_FLAGS (TF's DefaultOneDnnPolicy) "
         f"({err[-1500:]})")

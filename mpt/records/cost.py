@@ -1,0 +1,185 @@
+"""cost.json: what one model's training step costs here under each policy, measured
+before step 1, and the choice of TensorFlow's oneDNN rewrite; typed, with its cache.
+
+`Cost` is one measurement: the model's compiled train step (mpt/train/cost.py) timed
+under each policy at one batch, with TF's oneDNN rewrite on or off, and the ms/step it
+predicts at the run's batch. `OnednnChoice` is the setting a run trains with and why
+(measured, forced, or TF's default). Both are written by the process that measured or
+chose, read by the training run (summary.json `cost`, `onednn_choice`), the diagnosis
+and `--policy=auto`, and cached per model signature / batch / CPU / TF version /
+setting under ~/.cache/mpt/cost/ (or $MPT_CACHE): this module is their one reader and
+writer.
+"""
+
+import dataclasses
+import hashlib
+import importlib.metadata
+import json
+import os
+import pathlib
+from typing import Any
+
+from mpt.config import Config
+from mpt.machine import isa
+from mpt.records import rundir
+
+SCHEMA = 1
+POLICIES = ("float32", "mixed_bfloat16", "mixed_float16")
+
+
+@dataclasses.dataclass
+class PolicyCost:
+  """One policy's step, timed at the run's batch."""
+  policy: str
+  ms_per_step: float | None = None  # Median of the timed steps (None: not timed).
+  first_ms: float | None = None     # The first call (tracing excluded) ...
+  second_ms: float | None = None    # ... and the second, still warming up.
+  trace_s: float | None = None      # Tracing and building the step.
+  steps_timed: int = 0
+  # Why timing stopped early ("first step > 5x float32's") or failed; None: complete.
+  stopped: str | None = None
+
+
+@dataclasses.dataclass
+class Cost:
+  """One measurement of a model's step per policy, under one oneDNN setting."""
+  key: dict[str, Any]  # What it is valid for (cache_key's fields).
+  onednn: bool | None  # TF's oneDNN rewrite in the measuring process.
+  batch: int = 0       # The batch it was timed at: one device's batch of the run.
+  policies: list[PolicyCost] = dataclasses.field(default_factory=list)
+  seconds: float = 0.0  # What measuring cost, wall time, the TF import excluded.
+  source: str = "measured"  # measured | cache: PATH | recorded: PATH
+  schema: int = SCHEMA
+
+  def of(self, policy: str) -> PolicyCost | None:
+    return next((p for p in self.policies if p.policy == policy), None)
+
+  def predicted(self) -> dict[str, float]:
+    """{policy: predicted ms/step} for the policies measured."""
+    return {p.policy: p.ms_per_step for p in self.policies if p.ms_per_step}
+
+  def ratios(self) -> dict[str, float]:
+    """{policy: predicted time over float32's}; empty without float32."""
+    ms = self.predicted()
+    base = ms.get("float32")
+    return {p: v / base for p, v in ms.items()} if base else {}
+
+  def to_dict(self) -> dict[str, Any]:
+    return dataclasses.asdict(self)
+
+  @classmethod
+  def from_dict(cls, data: dict[str, Any]) -> "Cost":
+    known = {f.name for f in dataclasses.fields(PolicyCost)}
+    rows = [PolicyCost(**{k: v for k, v in p.items() if k in known})
+            for p in data.get("policies", [])]
+    fields = {f.name for f in dataclasses.fields(cls)} - {"policies"}
+    return cls(policies=rows, **{k: v for k, v in data.items() if k in fields})
+
+
+@dataclasses.dataclass
+class OnednnChoice:
+  """TF's oneDNN rewrite for a run: its state, the variable set, and why."""
+  on: bool | None                 # The rewrite's state the run trains with.
+  env: str | None                 # TF_ENABLE_ONEDNN_OPTS as the run saw it (None: unset).
+  tf_default: bool | None         # TF's own default on this CPU.
+  chosen_by: str = "TF's default"  # measured | --onednn | environment | TF's default
+  why: str = ""
+  # The run policy's ms/step with the rewrite on and off (measured choice), and what
+  # measuring them cost (wall seconds, the children's TF imports included).
+  measured_ms: dict[str, float] = dataclasses.field(default_factory=dict)
+  seconds: float = 0.0
+
+  def to_dict(self) -> dict[str, Any]:
+    return dataclasses.asdict(self)
+
+  @classmethod
+  def from_dict(cls, data: dict[str, Any]) -> "OnednnChoice":
+    known = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in data.items() if k in known})
+
+  def label(self) -> str:
+    return "unknown" if self.on is None else "on" if self.on else "off"
+
+  def short(self) -> str:
+    """`on (measured faster)`, `off (TF's default)`, ... for a line."""
+    by = {"measured": "measured faster" if self.on else "measured, TF's default kept",
+          "environment": f"TF_ENABLE_ONEDNN_OPTS={self.env}"}.get(self.chosen_by,
+                                                                   self.chosen_by)
+    return f"{self.label()} ({by})"
+
+
+def device_batch(cfg: Config) -> int:
+  """The batch one device's step runs: the global batch split over --cpu_devices
+  replicas under --strategy=mirrored (a GPU machine's replicas are not known before
+  TensorFlow starts: the global batch stands)."""
+  replicas = cfg.cpu_devices if cfg.strategy == "mirrored" and cfg.cpu_devices else 1
+  return max(1, cfg.batch_size // replicas)
+
+
+def tf_version() -> str:
+  """The installed TensorFlow's version, without importing it."""
+  try:
+    return importlib.metadata.version("tensorflow")
+  except importlib.metadata.PackageNotFoundError:
+    return "?"
+
+
+def key_for(cfg: Config, onednn: bool | None) -> dict[str, Any]:
+  """What makes two measurements interchangeable: the model's signature, the device
+  batch, the machine, TensorFlow and the oneDNN setting (the classifier's width is not
+  in it: the head is measured with 10 classes, a small share of any step)."""
+  cpu = isa.detect()
+  return {"model": cfg.model, "model_opts": cfg.model_opts, "image_size": cfg.image_size,
+          "batch": device_batch(cfg), "batchnorm": cfg.batchnorm,
+          "jit_compile": cfg.jit_compile, "cpu": cpu.name,
+          "logical_cpus": cpu.logical_cpus, "tf_version": tf_version(),
+          "onednn": onednn}
+
+
+def cache_path(key: dict[str, Any]) -> pathlib.Path:
+  root = pathlib.Path(os.environ.get("MPT_CACHE", "~/.cache/mpt")).expanduser()
+  digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+  return root / "cost" / f"{key['model'].replace(':', '_').replace('/', '_')}-{digest}.json"
+
+
+def read(path: pathlib.Path) -> Cost:
+  """A cost.json; ValueError/OSError if it is not one of this schema."""
+  data = json.loads(pathlib.Path(path).read_text())
+  if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+    raise ValueError(f"{path}: not a cost record of schema {SCHEMA}")
+  return Cost.from_dict(data)
+
+
+def cached(key: dict[str, Any]) -> Cost | None:
+  """The cached measurement for `key`, or None (missing, unreadable, another key)."""
+  path = cache_path(key)
+  try:
+    found = read(path)
+  except (OSError, ValueError, TypeError):
+    return None
+  if found.key != key:
+    return None
+  found.source = f"cache: {path}"
+  return found
+
+
+def save(cost: Cost) -> pathlib.Path | None:
+  """Caches a measurement that measured float32 (nothing to predict from otherwise)."""
+  if not cost.predicted().get("float32"):
+    return None
+  path = cache_path(cost.key)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  rundir.write_json(path, {**cost.to_dict(), "source": "measured"})
+  return path
+
+
+def read_choice(path: pathlib.Path) -> OnednnChoice:
+  """A choice `write` wrote; ValueError/OSError/TypeError if it is not one."""
+  data = json.loads(pathlib.Path(path).read_text())
+  if not isinstance(data, dict):
+    raise ValueError(f"{path}: not a oneDNN choice")
+  return OnednnChoice.from_dict(data)
+
+
+def write(path: pathlib.Path, obj: Cost | OnednnChoice) -> None:
+  rundir.write_json(pathlib.Path(path), obj.to_dict())

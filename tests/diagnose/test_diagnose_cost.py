@@ -1,0 +1,94 @@
+"""The diagnosis with the step's cost measured before step 1 (summary.json `cost`,
+`kernels` with evidence "cost", `onednn_choice`), and of runs recorded without any
+measurement: the three Sapphire Rapids run folders of ../shared/machines/intel-spr-amx
+(tests/data/runs/spr_amx, copied unedited), where float16 ran 179x float32's step."""
+
+import json
+import pathlib
+import shutil
+
+import pytest
+
+from mpt.diagnose import diagnosis as diagnose
+from mpt.machine import fastpath
+
+from helpers import DATA
+
+SPR = "spr_amx"
+F16, BF16, F32 = ("64px_mixed_float16_fit_180417", "64px_mixed_bfloat16_fit_180405",
+                  "64px_float32_fit_180349")
+
+
+@pytest.fixture
+def spr(tmp_path) -> pathlib.Path:
+  shutil.copytree(DATA / "runs" / SPR, tmp_path / SPR)
+  return tmp_path / SPR
+
+
+def patch(run: pathlib.Path, **changes) -> pathlib.Path:
+  path = run / "summary.json"
+  path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+  return run
+
+
+def top(run: pathlib.Path) -> dict:
+  return diagnose.diagnose_run(run)["findings"][0]
+
+
+def test_an_unmeasured_run_179x_slower_is_told_the_policy_its_bfloat16_sibling_favours(
+    spr):
+  found = top(spr / F16)
+  assert found["id"] == "no_speedup" and found["severity"] == "high"
+  assert found["next_step"].startswith(
+      f"python -m mpt.main --flagfile={spr / F16 / 'flags.txt'} --policy=mixed_bfloat16")
+  assert "sibling run under mixed_bfloat16 measured 36.8 ms/step" in found["next_step"]
+  assert "the CPU flags give bfloat16 a fast path" in found["next_step"]
+  assert "sibling runs" in found["based_on"]
+
+
+def test_without_the_bfloat16_sibling_the_measured_float32_run_is_favoured(spr):
+  shutil.rmtree(spr / BF16)
+  found = top(spr / F16)
+  assert "--policy=float32" in found["next_step"]
+  assert "sibling run under float32 measured 68.8 ms/step" in found["next_step"]
+
+
+def test_a_run_under_3x_slower_keeps_the_general_advice(spr):
+  patch(spr / F16, ms_per_step=68.8 * 2.9)
+  found = top(spr / F16)
+  assert found["id"] == "no_speedup" and "--policy=" not in found["next_step"]
+
+
+def cost_verdict(policy: str, step_ms: dict) -> dict:
+  found = fastpath.verdict(policy, None, ["conv"], {"avx512_bf16"}, [], "Zen",
+                           step_ms)
+  found.update(source="this model's step, measured", note=None)
+  return found
+
+
+def test_a_slow_step_measured_before_step_1_is_the_slow_kernel_finding(spr):
+  """No kernel table to name the op: the finding says what the step timing measured
+  and reruns under the policy measured fastest."""
+  ms = {"float32": 200.0, "mixed_bfloat16": 2400.0, "mixed_float16": 740.0}
+  patch(spr / F16, kernels=cost_verdict("mixed_float16", ms))
+  shutil.rmtree(spr / F32)  # No sibling: the measurement sets the severity.
+  shutil.rmtree(spr / BF16)
+  found = top(spr / F16)
+  assert found["id"] == "slow_kernel:float16" and found["severity"] == "high"
+  assert found["title"] == "float16 runs slow here: this model's step 3.7x float32's time"
+  assert found["based_on"][0] == "step cost"
+  assert found["next_step"].endswith("--policy=float32")
+
+
+def test_a_run_with_the_slower_onednn_setting_is_told_to_switch(spr):
+  patch(spr / F32, onednn="off", tf_enable_onednn_opts=None, onednn_choice={
+      "on": False, "env": None, "tf_default": False, "chosen_by": "TF's default",
+      "why": "TF leaves it off", "measured_ms": {"on": 150.0, "off": 200.0}})
+  report = diagnose.diagnose_run(spr / F32)
+  [found] = [f for f in report["findings"] if f["id"] == "onednn"]
+  assert found["severity"] == "medium"
+  assert found["title"] == ("TF's oneDNN rewrite was off, measured 1.33x slower than on "
+                            "here")
+  assert found["next_step"].endswith("--policy=float32 --onednn=on")
+  patch(spr / F32, onednn="on")  # It ran the faster one: nothing to say.
+  assert "onednn" not in [f["id"] for f in diagnose.diagnose_run(spr / F32)["findings"]]

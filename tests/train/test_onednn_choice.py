@@ -1,0 +1,147 @@
+"""TF's oneDNN rewrite for a run (mpt/train/onednn_choice.py): forced, from the
+environment, TF's default, or measured per setting in children before TensorFlow
+starts; read back by the training process and recorded. The measuring is a stand-in
+(scripted costs) except in one test, whose child really runs with the variable set."""
+
+import dataclasses
+import os
+
+import pytest
+
+from mpt import config
+from mpt.records import cost as cost_lib
+from mpt.records.cost import Cost, PolicyCost
+from mpt.train import onednn_choice
+
+import helpers
+
+ZEN3 = str(helpers.CPUINFO / "amd_epyc_zen3_dev_machine.txt")
+SPR = str(helpers.CPUINFO / "intel_spr_amx_recorded.txt")
+
+
+@pytest.fixture
+def zen3(monkeypatch):
+  """A CPU where TF leaves the rewrite off, nothing set, the measurement allowed."""
+  monkeypatch.setenv("MPT_CPUINFO", ZEN3)
+  monkeypatch.delenv("MPT_COST")
+  monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS", raising=False)
+
+
+def scripted(ms: dict[bool, float | None], calls: list | None = None):
+  """A measure() whose float32 step takes ms[setting] (None: the child failed)."""
+  def measure(cfg, on, policies):
+    if calls is not None:
+      calls.append((on, list(policies)))
+    if ms[on] is None:
+      return None, "the child died"
+    return Cost({}, on, 32, [PolicyCost(p, ms_per_step=ms[on]) for p in policies]), ""
+  return measure
+
+
+def test_where_tf_leaves_it_off_both_settings_are_measured_and_the_faster_kept(zen3):
+  calls = []
+  choice = onednn_choice.choose(config.Config(), scripted({True: 150.0, False: 200.0},
+                                                          calls))
+  assert calls == [(False, ["float32"]), (True, ["float32"])]
+  assert (choice.on, choice.env, choice.tf_default, choice.chosen_by) == (
+      True, "1", False, "measured")
+  assert choice.measured_ms == {"on": 150.0, "off": 200.0}
+  assert "~150 ms with it, ~200 without (1.33x; measured in " in choice.why
+  assert "TF leaves it off on CPUs without AVX512_VNNI" in choice.why
+
+
+def test_a_difference_within_the_margin_keeps_tfs_default(zen3):
+  choice = onednn_choice.choose(config.Config(policy="mixed_float16"),
+                                scripted({True: 196.0, False: 200.0}))
+  assert (choice.on, choice.env, choice.chosen_by) == (False, None, "measured")
+  assert "TF's default (off) kept" in choice.why
+
+
+def test_the_run_policy_and_float32_are_measured_and_the_run_policy_decides(zen3):
+  calls = []
+  onednn_choice.choose(config.Config(policy="mixed_bfloat16"),
+                       scripted({True: 10.0, False: 20.0}, calls))
+  assert calls[0] == (False, ["float32", "mixed_bfloat16"])
+
+
+def test_a_failed_measurement_keeps_tfs_default_and_says_why(zen3):
+  choice = onednn_choice.choose(config.Config(), scripted({True: None, False: 200.0}))
+  assert (choice.on, choice.env, choice.chosen_by) == (False, None, "TF's default")
+  assert "measuring failed (on: the child died)" in choice.why
+
+
+@pytest.mark.parametrize("changes,why", [
+    ({"epochs": 1, "steps_per_epoch": 5}, "this run's 5 steps"),
+    ({"strategy": "multi_worker"}, "each worker of a cluster"),
+])
+def test_nothing_is_measured_where_it_cannot_pay(zen3, changes, why):
+  choice = onednn_choice.choose(config.Config(**changes),
+                                scripted({True: 1.0, False: 2.0}, calls := []))
+  assert calls == [] and why in choice.why and choice.on is False
+
+
+def test_nothing_is_measured_where_the_step_runs_on_a_gpu(zen3, monkeypatch):
+  monkeypatch.setattr(onednn_choice, "_gpu_visible", lambda: True)
+  choice = onednn_choice.choose(config.Config(), scripted({True: 1.0, False: 2.0},
+                                                          calls := []))
+  assert calls == [] and "the step runs on a GPU" in choice.why
+
+
+def test_forced_set_or_default_on_needs_no_measurement(zen3, monkeypatch):
+  never = scripted({True: 1.0, False: 1.0}, calls := [])
+  forced = onednn_choice.choose(config.Config(onednn="off"), never)
+  assert (forced.on, forced.env, forced.chosen_by) == (False, "0", "--onednn")
+  monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "true")
+  env = onednn_choice.choose(config.Config(), never)
+  assert (env.on, env.env, env.chosen_by) == (True, "true", "environment")
+  monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS")
+  monkeypatch.setenv("MPT_CPUINFO", SPR)  # AMX: TF turns it on itself.
+  default = onednn_choice.choose(config.Config(), never)
+  assert (default.on, default.env, default.chosen_by) == (True, None, "TF's default")
+  assert "TF turns it on for CPUs with AVX512_VNNI" in default.why
+  assert calls == []
+
+
+def test_the_training_process_reads_the_choice_and_tfs_answer_wins(zen3, monkeypatch):
+  env = onednn_choice.for_child(config.Config(onednn="on"))
+  try:
+    assert env["TF_ENABLE_ONEDNN_OPTS"] == "1"
+    monkeypatch.setenv("MPT_ONEDNN_CHOICE", env["MPT_ONEDNN_CHOICE"])
+    monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "1")
+    choice = onednn_choice.current(True)
+    assert (choice.on, choice.env, choice.chosen_by) == (True, "1", "--onednn")
+    off = onednn_choice.current(False)  # A TF built without oneDNN, say.
+    assert off.on is False and "(TF reports the rewrite off)" in off.why
+  finally:
+    onednn_choice.forget(env)
+  assert not os.path.exists(env["MPT_ONEDNN_CHOICE"])
+
+
+def test_a_resumed_run_keeps_the_setting_its_flags_recorded(zen3, tmp_path):
+  (tmp_path / "flags.txt").write_text(config.to_flagfile(config.Config(onednn="off")))
+  env = onednn_choice.for_child(config.Config(resume=str(tmp_path)))
+  onednn_choice.forget(env)
+  assert env["TF_ENABLE_ONEDNN_OPTS"] == "0"
+
+
+def test_the_measuring_child_runs_under_the_setting_it_was_given(zen3, tmp_path,
+                                                                 monkeypatch):
+  """A real child per setting (`python -m mpt.train.cost`), a tiny model: the cost it
+  writes says the rewrite was as set, whatever this host's default."""
+  monkeypatch.setenv("MPT_CACHE", str(tmp_path))
+  cfg = config.Config(image_size=8, batch_size=8)
+  found, error = onednn_choice._measure(cfg, False, ["float32"])
+  assert error == "" and found.onednn is False and found.key["onednn"] is False
+  assert found.of("float32").ms_per_step > 0
+  assert cost_lib.cached(cost_lib.key_for(cfg, False)) is not None  # Cached for the run.
+
+
+@pytest.mark.parametrize("choice,expect", [
+    (dict(on=True, chosen_by="measured"), "on (measured faster)"),
+    (dict(on=False, chosen_by="measured"), "off (measured, TF's default kept)"),
+    (dict(on=False, chosen_by="environment", env="0"), "off (TF_ENABLE_ONEDNN_OPTS=0)"),
+    (dict(on=True, chosen_by="TF's default"), "on (TF's default)"),
+])
+def test_the_choice_in_the_cost_line(choice, expect):
+  from mpt.records.cost import OnednnChoice
+  assert OnednnChoice(**{"env": None, "tf_default": None, **choice}).short() == expect
