@@ -128,9 +128,11 @@ def table(runs: dict) -> None:
       summary = [f"mpt best {mpt_best:.1f}"]
       if torch_best:
         summary.append(f"mpt best / PyTorch best {mpt_best / torch_best:.2f}")
+      dnn = f", oneDNN {FLAGS.onednns[-1]}" if len(FLAGS.onednns) > 1 else ""
       for bn in FLAGS.batchnorms:
         plain = row[f"plain Keras, {bn} BN"]
-        summary += [f"mpt {loop} / plain ({bn} BN) {row[f'mpt {loop}, {bn} BN'] / plain:.2f}"
+        summary += [f"mpt {loop}{dnn} / plain ({bn} BN) "
+                    f"{row[f'mpt {loop}, {bn} BN{dnn}'] / plain:.2f}"
                     for loop in ("fit", "custom")]
       print(f"|   |   | *{'; '.join(summary)}* | | |")
 

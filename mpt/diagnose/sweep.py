@@ -109,7 +109,8 @@ def _probe_reason(k: dict[str, Any], policy: str) -> str:
     kernel = (k.get("impl") or "?") + (" (oneDNN's reference kernel)"
                                        if k.get("reference") else "")
     why = (f"the {what} ({source}) measured this model's ops under {policy} at "
-           f"{ratio:.3g}x float32's time; worst: {k.get('op')} runs {kernel}"
+           f"{ratio:.3g}x float32's time" + (
+               f"; worst: {k.get('op')} runs {kernel}" if k.get("op") else "")
            + (f", {k['op_ratio']:.3g}x float32's time" if k.get("op_ratio") else ""))
   else:
     why = (f"the {what} ({source}) measured this model's ops under {policy} at "
