@@ -11,10 +11,16 @@ runs on one). `estimates()` is what summary.json and `--mode=inspect` record.
 
 import pathlib
 import shutil
-from typing import Any
+from typing import Any, Callable
+
+import keras
+import numpy as np
+import tensorflow as tf
 
 from mpt.errors import UserError
+from mpt.measure import dtypes as dtypes_lib
 from mpt.measure import memory
+from mpt.records.cost import device_batch
 from mpt.train import keras_fit
 
 POLICIES = ("float32", "mixed_bfloat16", "mixed_float16")
@@ -119,3 +125,23 @@ def for_run(cfg, report: dict[str, Any], trainable: int, replicas: int, workers:
                        for p, e in ests.items()},
           "available_mb": round(available, 1), "available": where,
           "replicas": replicas}
+
+
+def will_not_fit(cfg, build: Callable[[], Any]) -> str | None:
+  """Why a step of `build()`'s model at the run's device batch would run out of memory
+  under some policy, or None: the estimate of `for_run`, before anything runs it (the
+  step's cost per policy, mpt/train/cost.py, is measured at that batch)."""
+  keras.backend.clear_session()
+  keras.mixed_precision.set_global_policy("float32")
+  model = build()
+  report = dtypes_lib.inspect_model(model, seed=cfg.seed)
+  trainable = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
+  ests = estimates(report, device_batch(cfg), trainable, memory.rss_mb(),
+                   bool(tf.config.list_logical_devices("GPU")))
+  keras.backend.clear_session()
+  try:
+    for policy in ests:
+      check(policy, ests, force=False)
+  except UserError as e:
+    return str(e).partition(" (--force")[0]
+  return None

@@ -43,7 +43,7 @@ from mpt.measure import profiler
 from mpt.measure import sampler as sampler_lib
 from mpt.records import rundir
 from mpt.records import runs as runs_lib
-from mpt.records.cost import Cost, OnednnChoice, device_batch
+from mpt.records.cost import Cost, OnednnChoice
 from mpt.train import autopolicy
 from mpt.train import callbacks as callbacks_lib
 from mpt.train import checkpoint
@@ -148,34 +148,13 @@ def _before_step_one(cfg: config.Config, data: data_lib.Data, dist: distribute.S
     return onednn, None
   build = lambda: build_model(cfg, len(data.class_names))
   found, note = cost_lib.for_run(cfg, build, cfg.epochs * data.steps_per_epoch,
-                                 fits=lambda: _will_not_fit(cfg, build))
+                                 fits=lambda: preflight.will_not_fit(cfg, build))
   keras.utils.set_random_seed(cfg.seed)  # The run starts as a fresh one would.
   if note:
     print(f"mpt: note: {note}", flush=True)
   if found:
     print(cost_lib.one_line(found, onednn.short()), flush=True)
   return onednn, found
-
-
-def _will_not_fit(cfg: config.Config, build: Callable[[], keras.Model]) -> str | None:
-  """Why measuring the step at the run's batch would run out of memory, or None: the
-  memory preflight's estimate under each policy (the run's own check comes later and
-  says it in full)."""
-  keras.backend.clear_session()
-  precision.set_policy("float32")
-  model = build()
-  report = dtypes_lib.inspect_model(model, seed=cfg.seed)
-  trainable = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
-  gpu = bool(tf.config.list_logical_devices("GPU"))
-  ests = preflight.estimates(report, device_batch(cfg), trainable,
-                             memory.rss_mb(), gpu)
-  keras.backend.clear_session()
-  try:
-    for policy in ests:
-      preflight.check(policy, ests, force=False)
-  except UserError as e:
-    return str(e).partition(" (--force")[0]
-  return None
 
 
 def build_model(cfg: config.Config, n_classes: int, replicas: int = 1) -> keras.Model:

@@ -17,6 +17,7 @@ from mpt.records import cost as cost_lib
 from mpt.records.cost import Cost, PolicyCost
 from mpt.train import cost
 from mpt.train import precision
+from mpt.train import preflight
 from mpt.train import run
 
 from helpers import DATA, mpt_forked, tiny_flags
@@ -241,9 +242,9 @@ def test_a_step_that_would_not_fit_in_memory_is_not_measured(monkeypatch):
   monkeypatch.setattr(cost, "measure", lambda *a, **k: pytest.fail("measured"))
   cfg = tiny_cfg(image_size=19)
   monkeypatch.setenv("MPT_AVAILABLE_MB", "1")
-  reason = run._will_not_fit(cfg, build(cfg))
+  reason = preflight.will_not_fit(cfg, build(cfg))
   assert reason.startswith("memory: batch 32 under float32 needs ~")
   found, note = cost.for_run(cfg, None, 100, fits=lambda: reason)
   assert found is None and note.endswith(reason)
   monkeypatch.setenv("MPT_AVAILABLE_MB", "100000")
-  assert run._will_not_fit(cfg, build(cfg)) is None
+  assert preflight.will_not_fit(cfg, build(cfg)) is None
