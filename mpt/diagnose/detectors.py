@@ -171,6 +171,22 @@ def hardware(ev: Evidence) -> Finding | None:
                  "float32's time", evidence, step, based_on, loss)
 
 
+def _slow_words(k: dict, half: str) -> tuple[str, str]:
+  """(the slow-kernel finding's title, its first line of evidence): the worst op and
+  its kernel where the kernel table names them, else the step's measured ratio."""
+  if not k.get("op"):
+    return (f"{half} runs slow here: this model's step {_x(k['ratio'])} float32's time",
+            f"{half}: this model's step measured {_x(k['ratio'])} float32's time before "
+            f"step 1 (no kernel table names the op: --mode=microbench lists each op's "
+            f"kernel)")
+  ratio = f", {_x(k['op_ratio'])} float32's time" if k.get("op_ratio") else ""
+  short = "oneDNN's reference kernel" if k.get("reference") else k.get("impl") or "?"
+  kernel = (k.get("impl") or "an unknown kernel") + (
+      " (oneDNN's reference kernel)" if k.get("reference") else "")
+  return (f"{half} {k['op']} runs a slow kernel here: {short}{ratio}",
+          f"{half} {k['op']} runs {kernel}{ratio}")
+
+
 def slow_kernel(ev: Evidence) -> Finding | None:
   """The kernel probe measured this 16-bit policy's ops >= SLOW_KERNELS times
   float32's here (summary.json `kernels`): names the worst op, its kernel and its
@@ -189,15 +205,7 @@ def slow_kernel(ev: Evidence) -> Finding | None:
   fastest = k.get("fastest") or "float32"
   if fastest == policy:
     fastest = "float32"
-  short = ("oneDNN's reference kernel" if k.get("reference") else k.get("impl")
-           or "a kernel the step's timing does not name")
-  kernel = (k.get("impl") or "an unknown kernel") + (
-      " (oneDNN's reference kernel)" if k.get("reference") else "")
-  op_ratio = k.get("op_ratio")
-  line = f"{half} {op} runs {kernel}" + (
-      f", {_x(op_ratio)} float32's time" if op_ratio else "") if k.get("op") else (
-      f"{half}: this model's step measured {_x(k['ratio'])} float32's time before step "
-      f"1 (no kernel table names the op: --mode=microbench lists each op's kernel)")
+  title, line = _slow_words(k, half)
   share = evidence_lib.traced_share(ev, op)
   top = (ev.op_stats or {}).get("top_ops") or []
   if share is not None:
@@ -225,10 +233,7 @@ def slow_kernel(ev: Evidence) -> Finding | None:
   if k.get("contradicts"):
     based_on.append("flags")
   return Finding(
-      f"slow_kernel:{half}", _loss_severity(loss), 1 - 1 / loss,
-      (f"{half} {op} runs a slow kernel here: {short}"
-       + (f", {_x(op_ratio)} float32's time" if op_ratio else "")) if k.get("op") else
-      f"{half} runs slow here: this model's step {_x(k['ratio'])} float32's time",
+      f"slow_kernel:{half}", _loss_severity(loss), 1 - 1 / loss, title,
       f"the {'step timing' if _base(k) == 'step cost' else 'kernel probe'} measured "
       f"this model's ops >= {SLOW_KERNELS:g}x float32's "
       f"time; high from {HIGH_LOSS:g}x measured (the float32 run next to it, else the "
