@@ -25,6 +25,10 @@ from mpt.records import rundir
 
 SCHEMA = 1
 POLICIES = ("float32", "mixed_bfloat16", "mixed_float16")
+# A run of fewer steps costs about as much as measuring its step per policy (three
+# traces and first calls, a dozen steps): neither the cost nor the oneDNN choice is
+# measured for it.
+MIN_RUN_STEPS = 20
 
 
 @dataclasses.dataclass

@@ -43,7 +43,7 @@ from mpt.train import steps as steps_lib
 ENV = "MPT_COST"
 STOP = 5.0       # a 16-bit call this many times float32's: timing stops there
 TIMED_STEPS = 2  # steps timed after the first two calls
-MIN_RUN_STEPS = 20  # a shorter run costs about as much as measuring it: skipped
+MIN_RUN_STEPS = cost_lib.MIN_RUN_STEPS
 Clock = Callable[[], float]
 
 

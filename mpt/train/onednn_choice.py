@@ -29,7 +29,6 @@ from mpt.records.cost import Cost, OnednnChoice
 VAR = "TF_ENABLE_ONEDNN_OPTS"
 CHOICE_FILE = "MPT_ONEDNN_CHOICE"  # The parent's choice, for the training child.
 MARGIN = 0.05  # A setting must measure this much faster to replace TF's default.
-MIN_RUN_STEPS = 20  # As mpt/train/cost.py: a shorter run is not worth measuring.
 
 
 def _parse(value: str) -> bool | None:
@@ -97,7 +96,7 @@ def _not_worth_measuring(cfg: config.Config) -> str | None:
     return "the step runs on a GPU, where oneDNN's rewrite does not apply"
   if cfg.strategy == "multi_worker":
     return "each worker of a cluster would choose on its own"
-  if steps is not None and steps < MIN_RUN_STEPS:
+  if steps is not None and steps < cost_lib.MIN_RUN_STEPS:
     return f"this run's {steps} steps cost about what measuring would"
   return None
 

@@ -89,6 +89,20 @@ class ScriptedClock:
     return self.now
 
 
+def choose_on(monkeypatch, clock, steps_class, **kwargs):
+  """autopolicy.choose with `steps_class` for mpt's compiled steps, on `clock`: one
+  device, a dataset of empty batches, no model."""
+
+  class Strategy:
+    scope = staticmethod(contextlib.nullcontext)
+    experimental_distribute_dataset = staticmethod(lambda ds: ds)
+
+  data = types.SimpleNamespace(train_from=lambda step: iter([(None, None)] * 10))
+  monkeypatch.setattr(autopolicy, "time", clock)
+  monkeypatch.setattr(autopolicy.steps_lib, "Steps", steps_class)
+  return autopolicy.choose(config.Config(), data, Strategy(), lambda: None, **kwargs)
+
+
 def test_auto_drops_a_candidate_whose_first_step_is_too_slow_and_a_non_finite_one(
     monkeypatch):
   """The real timing and drop rule (autopolicy._time_policy) on a scripted clock:
@@ -108,15 +122,7 @@ def test_auto_drops_a_candidate_whose_first_step_is_too_slow_and_a_non_finite_on
       clock.now += next(self.times) / 1e3
       ran[self.policy] = ran.get(self.policy, 0) + 1
       return {"loss": script[self.policy][1]}
-
-  class Strategy:
-    scope = staticmethod(contextlib.nullcontext)
-    experimental_distribute_dataset = staticmethod(lambda ds: ds)
-
-  data = types.SimpleNamespace(train_from=lambda step: iter([(None, None)] * 10))
-  monkeypatch.setattr(autopolicy, "time", clock)
-  monkeypatch.setattr(autopolicy.steps_lib, "Steps", Steps)
-  chosen, choice = autopolicy.choose(config.Config(), data, Strategy(), lambda: None)
+  chosen, choice = choose_on(monkeypatch, clock, Steps)
   rows = {r["policy"]: r for r in choice["candidates"]}
   # bfloat16 is fastest but its loss was not finite; float16's first step was more
   # than 5x the best usable first step (float32's 1000 ms), so it stopped there.
@@ -154,16 +160,7 @@ def test_a_measured_cost_leaves_only_the_policies_in_doubt_to_time(
       ran.add(self.policy)
       clock.now += predicted[self.policy] / 1e3
       return {"loss": 0.5}
-
-  class Strategy:
-    scope = staticmethod(contextlib.nullcontext)
-    experimental_distribute_dataset = staticmethod(lambda ds: ds)
-
-  data = types.SimpleNamespace(train_from=lambda step: iter([(None, None)] * 10))
-  monkeypatch.setattr(autopolicy, "time", clock)
-  monkeypatch.setattr(autopolicy.steps_lib, "Steps", Steps)
-  got, choice = autopolicy.choose(config.Config(), data, Strategy(), lambda: None,
-                                  predicted=predicted)
+  got, choice = choose_on(monkeypatch, clock, Steps, predicted=predicted)
   rows = {r["policy"]: r for r in choice["candidates"]}
   assert ran == timed and got == chosen
   assert rows["mixed_float16"]["dropped"] == ("predicted 5x the fastest (~400 ms/step): "
