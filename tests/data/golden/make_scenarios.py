@@ -1,11 +1,19 @@
-"""One-off: the golden diagnosis scenarios as summary.json patches (data, not code),
-built at 64912f0 with the tests' own helpers."""
+"""One-off: the golden diagnosis scenarios as patches of recorded files (data, not
+code), built at 8be45a2 with the tests' own helpers (keys in the order mpt wrote them).
+
+  python tests/data/golden/make_scenarios.py   # at that commit, from the repo root
+"""
 import json, sys, pathlib
 sys.path[:0] = ["tests", "tests/diagnose"]
 import test_diagnose as td
 import test_diagnose_cost as tc
 
-def mem(total, peak): return td._memory(total, peak)
+def mem(total, peak):
+    """A whole memory record (every field mpt writes), its parts summing to `total`."""
+    m = td._memory(total, peak)
+    m["estimate"].update(policy="float32", weight_copies_mb=total - 780.0,
+                         input_mb_per_example=0.0, emulated_16bit=False)
+    return m
 def machine(run, m, **ch):
     cpu = td.isa.parse_cpuinfo((td.DATA / "cpuinfo" / f"{td.MACHINES[m][1]}.txt").read_text())
     s = json.loads((td.DATA / "runs" / run / "summary.json").read_text())
@@ -48,5 +56,5 @@ S["f32_low_util"] = {"diagnose": "runs/f32_fit", "patch": {"runs/f32_fit": {"uti
 S["f32_shared_machine"] = {"diagnose": "runs/f32_fit", "patch": {"runs/f32_fit": {"util": UTIL(0.3, system=0.6)}}}
 S["f16_scale_collapsed"] = {"diagnose": "runs/f16_custom", "patch": {"runs/f16_custom": {"loss_scale": 0.5, "skipped_steps": 10, "steps": 100}}}
 S = {k: {**v, "patch": {(f if f.endswith(".json") else f + "/summary.json"): c for f, c in v.get("patch", {}).items()}} if "patch" in v else v for k, v in S.items()}
-pathlib.Path("tests/data/golden/scenarios.json").write_text(json.dumps(S, indent=1, sort_keys=True) + "\n")
+pathlib.Path("tests/data/golden/scenarios.json").write_text(json.dumps(S, indent=1) + "\n")
 print(len(S))
