@@ -7,13 +7,12 @@ another, never concurrently, so they do not compete for the cores.
 import json
 import os
 import pathlib
+import socket
 import subprocess
 import sys
 import time
 
 from absl import flags
-
-from mpt.train import distribute
 
 
 GRID_FLAGS = ("image_sizes", "policies", "batch_size", "steps", "warmup", "repeats")
@@ -32,6 +31,20 @@ def define_grid_flags() -> None:
   flags.DEFINE_integer("repeats", 1, "Interleaved repeats of every cell.")
 
 
+def local_cluster(workers: int) -> list[str]:
+  """TF_CONFIG values for `workers` processes on this machine, one per worker, on
+  free 127.0.0.1 ports (a port can be taken in between)."""
+  sockets = [socket.socket() for _ in range(workers)]
+  for s in sockets:
+    s.bind(("127.0.0.1", 0))
+  ports = [s.getsockname()[1] for s in sockets]
+  for s in sockets:
+    s.close()
+  cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
+  return [json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})
+          for i in range(workers)]
+
+
 def run_cell(out: str, name: str, workers: int = 1, **flags) -> dict:
   """Trains once with `flags` (plus --verbose=0) and returns its summary.json.
 
@@ -46,7 +59,7 @@ def run_cell(out: str, name: str, workers: int = 1, **flags) -> dict:
     procs = [subprocess.Popen(
         cmd + ["--strategy=multi_worker"], stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True, env={**os.environ, "TF_CONFIG": tf_config})
-        for tf_config in distribute.local_cluster(workers)]
+        for tf_config in local_cluster(workers)]
     results = [p.communicate() for p in procs]
     failed = [(p, err) for p, (_, err) in zip(procs, results) if p.returncode]
     if failed:

@@ -9,24 +9,35 @@ of them. Tests build a `Config(...)` directly, and a run writes its Config back 
 a replayable flagfile (flags.txt). Defaults are sized for a laptop CPU: `python -m
 mpt.main` trains the seed convnet on the generated synthetic data in about a minute on
 2 cores.
+
+Also here, because every part reads it: the one table of precision policies and their
+compute dtypes (`POLICY_DTYPE`); the values of list flags are read by
+mpt/flagvalues.py.
 """
 
 import dataclasses
 from typing import Any
 
 from mpt.errors import UserError
+from mpt.flagvalues import parse_list
 
-POLICIES = ("float32", "mixed_float16", "mixed_bfloat16", "auto")
+# Each precision policy and the dtype its layers compute in.
+POLICY_DTYPE = {"float32": "float32", "mixed_bfloat16": "bfloat16",
+                "mixed_float16": "float16"}
+# The 16-bit policies and their dtype, float16's first: the order --help, error
+# messages and the diagnosis have always listed them in.
+SIXTEEN = {p: d for p, d in reversed(POLICY_DTYPE.items()) if d != "float32"}
+POLICIES = ("float32", *SIXTEEN, "auto")  # --policy's choices.
 LOOPS = ("fit", "custom")
 STRATEGIES = ("default", "mirrored", "multi_worker", "tpu")
-# Flags of the other modes (and --mode itself). A run's flags.txt written before the
-# modes had their own options lists them all; reading one ignores them. A test checks
-# this against the options classes.
 # Flags added after runs were recorded, and the value a run without them had (a
 # flags.txt without --batchnorm ran Keras' layer, whatever the default is now; one
 # without --onednn ran TF's default, which `auto` keeps wherever it measures nothing).
 FLAGS_ADDED_LATER = {"batchnorm": "keras", "checkpoint": True, "force": False,
                      "collective_timeout": 300.0, "onednn": "auto"}
+# Flags of the other modes (and --mode itself). A run's flags.txt written before the
+# modes had their own options lists them all; reading one ignores them. A test checks
+# this against the options classes.
 OTHER_MODES_FLAGS = frozenset({
     "mode", "run", "batch_sizes", "policies", "loops", "image_sizes", "models",
     "jit_compiles", "cell_timeout", "microbench_sizes", "microbench_dtypes",
@@ -72,7 +83,7 @@ class Config:
                          "JPEGs are cached (default ~/.cache/mpt).")
   download: bool = flag(False, "Let TFDS download and prepare the dataset.")
   image_size: int = flag(64, "Images are resized to image_size x image_size "
-                           "(the seed used 256).", lower_bound=1)
+                           "(the reference run used 256).", lower_bound=1)
   batch_size: int = flag(32, "Global batch size: each step's batch, split evenly "
                            "across the replicas of --strategy.", lower_bound=1)
   synthetic_train: int = flag(1300, "Synthetic training images (all classes).",
@@ -81,7 +92,7 @@ class Config:
   synthetic_px: int = flag(160, "Longest side of the generated JPEGs (Imagenette's "
                              "320px version has 320).", lower_bound=16)
   shuffle_buffer: int = flag(0, "Shuffle buffer; 0 = the whole training set (the "
-                               "seed used 12895/batch_size).", lower_bound=0)
+                               "reference run used 12895/batch_size).", lower_bound=0)
   input_work: int = flag(0, "Extra per-example work in the training input "
                            "pipeline: N passes of a 3x3 blur over each image, computed "
                            "and then discarded, to make a run input bound on purpose.",
@@ -95,8 +106,8 @@ class Config:
                                 "the training set.", lower_bound=0)
   learning_rate: float = flag(1e-3, "Adam learning rate.")
   bn_momentum: float = flag(
-      0.9, "BatchNorm moving-average momentum. Keras' default 0.99 (the seed's) "
-      "leaves the moving statistics unsettled in short runs.")
+      0.9, "BatchNorm moving-average momentum. Keras' default 0.99 (the reference "
+      "run's) leaves the moving statistics unsettled in short runs.")
   seed: int = flag(0, "Seeds weights, shuffling and synthetic data generation.")
   deterministic: bool = flag(False, "TensorFlow op determinism: repeated runs give "
                                "bitwise-identical results (slower on GPUs).")
@@ -222,8 +233,8 @@ def parse_steps(spec: str, flag: str) -> tuple[int, int] | None:
   if not spec:
     return None
   try:
-    first, last = (int(x) for x in spec.split(","))
-  except ValueError:
+    first, last = parse_list(spec, flag, int, unique=False)
+  except (UserError, ValueError):  # One message for any fault.
     raise UserError(f"--{flag}={spec!r} must be two step numbers A,B") from None
   if first > last:
     raise UserError(f"--{flag}={spec}: the window is reversed ({first} > {last})")

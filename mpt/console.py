@@ -5,7 +5,9 @@ cells).
 
 A phase shows Keras' progress bar on a terminal and two plain lines (start, end with
 its duration) when the output goes to a file or a pipe, where an animated bar would
-leave escape codes. Nothing here imports TensorFlow.
+leave escape codes. `quiet_fd2()` holds back what native code (TensorFlow's import,
+xprof's converter) writes to file descriptor 2, which Python's sys.stderr never sees.
+Nothing here imports TensorFlow.
 """
 
 import contextlib
@@ -14,6 +16,7 @@ import re
 import sys
 import tempfile
 import time
+from typing import Callable
 
 
 def is_tty() -> bool:
@@ -61,6 +64,26 @@ def quiet_tensorflow() -> None:
 _INFO_LINE = re.compile(rb"^(I\d{4} |WARNING: All log messages before absl::InitializeLog)")
 
 
+@contextlib.contextmanager
+def quiet_fd2(keep: Callable[[bytes], bool] = lambda line: False):
+  """While the block runs, what the process writes to file descriptor 2 (C++ logging
+  included) goes to a temporary file; on the way out, an exception's way too, the
+  lines `keep` accepts are passed on to fd 2 (by default none)."""
+  sys.stderr.flush()
+  saved = os.dup(2)
+  with tempfile.TemporaryFile() as sink:
+    os.dup2(sink.fileno(), 2)
+    try:
+      yield
+    finally:
+      os.dup2(saved, 2)
+      os.close(saved)
+      sink.seek(0)
+      kept = [l for l in sink.read().splitlines(keepends=True) if keep(l)]
+      if kept:
+        os.write(2, b"".join(kept))
+
+
 def import_tensorflow() -> None:
   """Imports TensorFlow with its start-up INFO lines (oneDNN, CUDA stubs) dropped.
 
@@ -71,19 +94,8 @@ def import_tensorflow() -> None:
   if "tensorflow" in sys.modules or os.environ.get("TF_CPP_MIN_LOG_LEVEL") == "0":
     import tensorflow  # noqa: F401
     return
-  sys.stderr.flush()
-  saved = os.dup(2)
-  with tempfile.TemporaryFile() as sink:
-    os.dup2(sink.fileno(), 2)
-    try:
-      import tensorflow  # noqa: F401
-    finally:
-      os.dup2(saved, 2)
-      os.close(saved)
-      sink.seek(0)
-      kept = [l for l in sink.read().splitlines(keepends=True) if not _INFO_LINE.match(l)]
-      if kept:
-        os.write(2, b"".join(kept))
+  with quiet_fd2(keep=lambda line: not _INFO_LINE.match(line)):
+    import tensorflow  # noqa: F401
 
 
 def quiet_absl(verbosity_given: bool) -> None:

@@ -44,8 +44,8 @@ def _train(cfg, opts):
 
 def _inspect(cfg, opts):
   console.import_tensorflow()
-  from mpt.train import inspect
-  return inspect.inspect_only(cfg)
+  from mpt.train import dryrun
+  return dryrun.inspect_only(cfg)
 
 
 def _microbench(cfg, opts):

@@ -5,6 +5,7 @@ Fixtures live in conftest.py; plain functions and classes live here, so that a t
 imports them by name instead of from conftest.
 """
 
+import importlib.util
 import multiprocessing
 import os
 import pathlib
@@ -216,3 +217,16 @@ def train_run(cfg):
   from mpt.diagnose import diagnosis
   from mpt.train import run
   return run.train_and_evaluate(cfg, after_run=diagnosis.after_run)
+
+
+def _benchlib():
+  """experiments/benchlib.py, imported by path (no lasting sys.path entry)."""
+  spec = importlib.util.spec_from_file_location("benchlib",
+                                                ROOT / "experiments" / "benchlib.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+# TF_CONFIG values for a cluster of local worker processes: the benchmarks' own.
+local_cluster = _benchlib().local_cluster

@@ -1,18 +1,32 @@
 """The package's shape, read from its source with `ast`: one dispatcher (mpt/main.py),
-five wings (train, sweep, diagnose, microbench, compare) over a ground floor (config,
-console, errors, injection, records, machine, measure, models); the package itself
-(mpt/__init__.py, the library entry `mpt.callbacks`) may import wings lazily, as main
-does.
+five wings (train, sweep, diagnose, microbench, compare) over a ground floor; the
+package itself (mpt/__init__.py, the library entry `mpt.callbacks`) may import wings
+lazily, as main does.
 
-Fails on: a wing importing another wing; the ground floor importing a wing or main;
-anything importing main; Keras/TF internals (a private attribute or keyword, or a
-private module) used outside mpt/train/keras_fit.py; `--help` importing TensorFlow.
+The ground floor in floors, bottom up (GROUND_FLOORS); a module imports from its own
+floor or below, never above, and no two packages import each other:
 
-  python tests/test_architecture.py [PACKAGE_DIR]   # edges and longest import chain
+  1  errors, files, flagvalues, console   (import nothing of mpt but errors)
+  2  config                               (a run's flags, the policy table)
+  3  models, records                      (model builders; the typed files)
+  4  measure, machine                     (what a step costs; what the machine is)
+  5  supervisor                           (child processes, OOM kills)
+  6  injection                            (fault injection, for tests)
+
+Fails on: a wing importing another wing; the ground floor importing a wing or main, or
+a floor above its own; two packages importing each other; anything importing main; a
+third-party internal (a private attribute or keyword, a module path with a `_`
+component, TF/Keras/xprof modules listed in PRIVATE_MODULES, `compat.v1`) used outside
+the one module INTERNALS names for it, or an internal there no longer is; a function
+over 60 lines, a module over 300 lines, a parameter list over 8 (self/cls not
+counted); `--help` importing TensorFlow.
+
+  python tests/test_architecture.py [PACKAGE_DIR]   # edges, chains, floors, sizes
 """
 
 import ast
 import functools
+import importlib
 import pathlib
 import subprocess
 import sys
@@ -23,12 +37,37 @@ from helpers import ROOT
 
 PACKAGE = ROOT / "mpt"
 WINGS = {"train", "sweep", "diagnose", "microbench", "compare"}
-GROUND = {"config", "console", "errors", "injection", "records", "machine", "measure",
-          "models", "supervisor"}
+GROUND_FLOORS = (("errors", "files", "flagvalues", "console"), ("config",),
+                 ("models", "records"), ("measure", "machine"), ("supervisor",),
+                 ("injection",))
+GROUND = {part for floor in GROUND_FLOORS for part in floor}
 KERAS_FIT = "mpt.train.keras_fit"
 # Private names that are public API by convention (documented in the standard library).
 ALLOWED_PRIVATE = {("os", "_exit")}
-PRIVATE_MODULES = ("tensorflow.python", "keras.src", "tf_keras")
+# Internal modules without a `_` in their path.
+PRIVATE_MODULES = ("tensorflow.python", "keras.src", "tf_keras", "xprof.convert")
+# Every third-party internal mpt uses (a path prefix, or a private attribute/keyword of
+# a Keras or TF object): (the one module allowed to use it, the versions it was
+# written for, the name that must still exist in the installed ones or None).
+INTERNALS = {
+    "private attribute": (KERAS_FIT, "Keras 3.15, TF 2.21", None),  # test_keras_fit.py
+    "private keyword": (KERAS_FIT, "TF 2.21", None),
+    "tensorflow.python": (KERAS_FIT, "TF 2.21",
+                          "tensorflow.python.util._pywrap_util_port"),
+    "numpy._core._multiarray_umath": ("mpt.machine.isa", "numpy 2.4",
+                                      "numpy._core._multiarray_umath.__cpu_features__"),
+    "numpy.core._multiarray_umath": ("mpt.machine.isa", "numpy 1.x (the fallback)",
+                                     None),
+    "xprof.convert": ("mpt.machine.traces", "xprof 2.24",
+                      "xprof.convert.raw_to_tool_data.xspace_to_tool_data"),
+    # TF 2 reads an event file record by record only through this legacy reader.
+    "tf.compat.v1.train.summary_iterator": (
+        "mpt.train.checkpoint", "TF 2.21", "tensorflow.compat.v1.train.summary_iterator"),
+    # The fused kernel's one Python entry that returns the batch statistics.
+    "tf.compat.v1.nn.fused_batch_norm": (
+        "mpt.models.fused_bn", "TF 2.21", "tensorflow.compat.v1.nn.fused_batch_norm"),
+}
+MAX_FUNCTION_LINES, MAX_MODULE_LINES, MAX_PARAMETERS = 60, 300, 8
 
 
 def _modules(package: pathlib.Path) -> dict[str, pathlib.Path]:
@@ -116,41 +155,185 @@ def test_every_module_is_main_a_wing_or_ground_floor():
   assert parts <= WINGS | GROUND | {"main", "mpt"}, parts - WINGS - GROUND
 
 
-def _private_uses(path: pathlib.Path) -> list[str]:
+def _internal(path: str) -> bool:
+  """Whether a third-party module path (or module.name) is an internal one."""
+  parts = path.split(".")
+  return (path.startswith(PRIVATE_MODULES) or ".compat.v1" in f".{path}" or
+          any(p.startswith("_") and not p.startswith("__") for p in parts))
+
+
+def _dotted(node) -> str:
+  """`tf.compat.v1.train.x` of an attribute chain ("" past a call or subscript)."""
+  if isinstance(node, ast.Name):
+    return node.id
+  if isinstance(node, ast.Attribute):
+    owner = _dotted(node.value)
+    return f"{owner}.{node.attr}" if owner else ""
+  return ""
+
+
+def _internal_uses(path: pathlib.Path) -> list[tuple[str, str]]:
+  """(what internal, where) for each third-party internal `path` uses: a private
+  attribute or keyword, an import of an internal module or name, a compat.v1 chain."""
   tree = ast.parse(path.read_text(), str(path))
-  found = []
+  inner = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+  found = []  # (line, what, where)
   for node in ast.walk(tree):
+    line = getattr(node, "lineno", 0)  # Keywords have one too (Python >= 3.9).
+    where = f"{path.name}:{line}"
     if isinstance(node, ast.Attribute) and node.attr.startswith("_") and \
         not node.attr.startswith("__"):
       owner = node.value.id if isinstance(node.value, ast.Name) else None
       if owner not in ("self", "cls") and (owner, node.attr) not in ALLOWED_PRIVATE:
-        found.append(f"{path.name}:{node.lineno} .{node.attr}")
+        found.append((line, "private attribute", f"{where} .{node.attr}"))
     elif isinstance(node, ast.keyword) and node.arg and node.arg.startswith("_"):
-      found.append(f"{path.name}:{node.value.lineno} {node.arg}=")
+      found.append((line, "private keyword", f"{where} {node.arg}="))
     elif isinstance(node, (ast.Import, ast.ImportFrom)):
       names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-          [node.module or ""]
-      found += [f"{path.name}:{node.lineno} import {n}" for n in names
-                if n.startswith(PRIVATE_MODULES)]
-  return found
+          [f"{node.module}.{a.name}" for a in node.names if node.module]
+      found += [(line, n, f"{where} import {n}") for n in names
+                if not n.startswith("mpt.") and _internal(n)]
+    elif isinstance(node, ast.Attribute) and id(node) not in inner:
+      chain = _dotted(node)
+      if ".compat.v1" in chain:
+        found.append((line, chain, f"{where} {chain}"))
+  return [(what, where) for _, what, where in sorted(found, key=lambda f: f[0])]
 
 
-def test_keras_and_tf_internals_live_only_in_keras_fit():
-  modules = _modules(PACKAGE)
-  outside = [use for name, path in modules.items() if name != KERAS_FIT
-             for use in _private_uses(path)]
-  assert not outside, "private Keras/TF use outside train/keras_fit.py:\n" + \
-      "\n".join(outside)
-  assert _private_uses(modules[KERAS_FIT]), "keras_fit.py should hold them"
+def _owner(what: str) -> str | None:
+  """The INTERNALS entry covering `what` (the longest prefix), or None."""
+  keys = [k for k in INTERNALS if what == k or what.startswith(k + ".")]
+  return max(keys, key=len) if keys else None
 
 
-def test_the_private_use_check_sees_attributes_keywords_and_modules(tmp_path):
+def test_third_party_internals_live_each_in_its_one_module():
+  wrong = []
+  for name, path in _modules(PACKAGE).items():
+    for what, where in _internal_uses(path):
+      key = _owner(what)
+      if key is None:
+        wrong.append(f"{name}: {where}: not in INTERNALS (add it, with its one module)")
+      elif INTERNALS[key][0] != name:
+        wrong.append(f"{name}: {where}: belongs in {INTERNALS[key][0]} only")
+  assert not wrong, "third-party internals outside their place:\n" + "\n".join(wrong)
+
+
+@pytest.mark.parametrize("key", sorted(INTERNALS))
+def test_each_listed_internal_is_still_used_where_listed_and_still_exists(key):
+  owner, _, name = INTERNALS[key]
+  uses = {_owner(what) for what, _ in _internal_uses(_modules(PACKAGE)[owner])}
+  assert key in uses, f"{owner} no longer uses {key}: drop it from INTERNALS"
+  if name is not None:
+    assert _exists(name), f"{name} ({INTERNALS[key][1]}) is gone: fix {owner}"
+
+
+def _exists(name: str) -> bool:
+  """Whether the dotted `name` resolves, importing the modules on its way."""
+  parts = name.split(".")
+  try:
+    found = importlib.import_module(parts[0])
+    for i, part in enumerate(parts[1:], 2):
+      found = (getattr(found, part) if hasattr(found, part) else
+               importlib.import_module(".".join(parts[:i])))
+  except ImportError:
+    return False
+  return True
+
+
+def test_the_internals_check_sees_attributes_keywords_modules_and_compat(tmp_path):
   probe = tmp_path / "probe.py"
-  probe.write_text("import os\nfrom tensorflow.python.framework import ops\n"
-                   "m._maybe_symbolic_build = 1\nself._ok = 2\nos._exit(0)\n"
-                   "t = Trace('x', _r=1)\n")
-  assert [u.split(" ", 1)[1] for u in _private_uses(probe)] == [
-      "import tensorflow.python.framework", "._maybe_symbolic_build", "_r="]
+  probe.write_text(
+      "import os\nfrom tensorflow.python.framework import ops\n"
+      "m._maybe_symbolic_build = 1\nself._ok = 2\nos._exit(0)\n"
+      "t = Trace('x', _r=1)\nfrom numpy._core._multiarray_umath import f\n"
+      "from xprof.convert import raw_to_tool_data\nimport numpy.linalg\n"
+      "for e in tf.compat.v1.train.summary_iterator(p): pass\n"
+      "from mpt.machine import _x\nfrom typing import __all__\n")
+  assert [what for what, _ in _internal_uses(probe)] == [
+      "tensorflow.python.framework.ops", "private attribute", "private keyword",
+      "numpy._core._multiarray_umath.f", "xprof.convert.raw_to_tool_data",
+      "tf.compat.v1.train.summary_iterator"]
+  assert _owner("xprof.convert.raw_to_tool_data") == "xprof.convert"
+  assert _owner("tf.compat.v1.nn.conv2d") is None
+
+
+def _floor_faults(edges) -> list[str]:
+  """Ground-floor imports that go up a floor (GROUND_FLOORS)."""
+  floor = {part: i for i, parts in enumerate(GROUND_FLOORS, 1) for part in parts}
+  return [f"{source} -> {target} (floor {floor[_part(source)]} to "
+          f"{floor[_part(target)]})"
+          for source, targets in edges.items() for target in targets
+          if _part(source) in floor and _part(target) in floor
+          and floor[_part(target)] > floor[_part(source)]]
+
+
+def test_the_ground_floor_never_imports_a_floor_above_its_own():
+  assert not _floor_faults(graph()), "\n".join(_floor_faults(graph()))
+
+
+def test_no_two_packages_import_each_other():
+  assert not upward_edges(graph()), upward_edges(graph())
+
+
+def test_the_floor_checks_see_an_upward_import_and_a_circle(tmp_path):
+  (tmp_path / "machine").mkdir()
+  (tmp_path / "records").mkdir()
+  (tmp_path / "errors.py").write_text("from mpt import config\n")
+  (tmp_path / "config.py").write_text("from mpt import errors\n")
+  (tmp_path / "machine" / "isa.py").write_text("from mpt.records import rundir\n")
+  (tmp_path / "records" / "rundir.py").write_text("from mpt.machine import isa\n")
+  edges = graph(tmp_path)
+  assert _floor_faults(edges) == ["mpt.errors -> mpt.config (floor 1 to 2)",
+                                  "mpt.records.rundir -> mpt.machine.isa (floor 3 to 4)"]
+  assert len(upward_edges(edges)) == 2  # errors <-> config, machine <-> records.
+
+
+def _sizes(package: pathlib.Path) -> dict[str, list[str]]:
+  """What is over the limits: modules, functions, parameter lists."""
+  over = {"modules": [], "functions": [], "parameters": []}
+  for path in sorted(package.rglob("*.py")):
+    text, where = path.read_text(), path.relative_to(package.parent)
+    if len(text.splitlines()) > MAX_MODULE_LINES:
+      over["modules"].append(f"{where}: {len(text.splitlines())} lines")
+    for node in ast.walk(ast.parse(text, str(path))):
+      if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        continue
+      length, a = node.end_lineno - node.lineno + 1, node.args
+      params = [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg]
+      params = [p for p in params if p is not None]
+      if params and params[0].arg in ("self", "cls"):
+        params = params[1:]
+      if length > MAX_FUNCTION_LINES:
+        over["functions"].append(f"{where}:{node.lineno} {node.name}: {length} lines")
+      if len(params) > MAX_PARAMETERS:
+        over["parameters"].append(f"{where}:{node.lineno} {node.name}: "
+                                  f"{len(params)} parameters")
+  return over
+
+
+@pytest.mark.parametrize("kind,limit", [
+    ("functions", f"{MAX_FUNCTION_LINES} lines"),
+    ("modules", f"{MAX_MODULE_LINES} lines"),
+    ("parameters", f"{MAX_PARAMETERS}")])
+def test_no_function_module_or_parameter_list_over_its_limit(kind, limit):
+  over = _sizes(PACKAGE)[kind]
+  assert not over, f"{kind} over {limit}:\n" + "\n".join(over)
+
+
+def test_the_size_checks_count_lines_and_parameters(tmp_path):
+  body = lambda n: "".join(f"  x{i} = {i}\n" for i in range(n))
+  text = (f"def long():\n{body(60)}\ndef just_short():\n{body(59)}\n"
+          "class C:\n  def m(self, a, b, c, d, e, f, g, h):\n    pass\n"
+          "def wide(a, b, c, d, e, f, g, *h, i):\n  pass\n")
+  text += "x = 0\n" * (MAX_MODULE_LINES + 1 - len(text.splitlines()))
+  (tmp_path / "probe.py").write_text(text)
+  wide = text.splitlines().index("def wide(a, b, c, d, e, f, g, *h, i):") + 1
+  assert _sizes(tmp_path) == {
+      "modules": [f"{tmp_path.name}/probe.py: 301 lines"],
+      "functions": [f"{tmp_path.name}/probe.py:1 long: 61 lines"],
+      "parameters": [f"{tmp_path.name}/probe.py:{wide} wide: 9 parameters"]}
+  (tmp_path / "probe.py").write_text(text[:-len("x = 0\n")])  # 300 lines: not over.
+  assert _sizes(tmp_path)["modules"] == []
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["--helpfull"], ["--batch_size=0x"]])
@@ -172,6 +355,49 @@ def test_the_graph_walk_finds_known_edges():
   assert edges["mpt.main"]["mpt.config"] is False
 
 
+def package_edges(edges) -> dict[str, set[str]]:
+  """{package: {package it imports}} at the top level (train, records, config, ...)."""
+  out = {}
+  for source, targets in edges.items():
+    mine = out.setdefault(_part(source), set())
+    mine.update(_part(t) for t in targets if _part(t) != _part(source))
+  return out
+
+
+def package_floors(edges) -> dict[str, int]:
+  """{package: floor}: 1 + the highest floor it imports, 1 for importing nothing.
+
+  An import that closes a circle is not followed (it is then reported as upward).
+  """
+  packages = package_edges(edges)
+  floors = {}
+
+  def floor(name, path):
+    if name not in floors:
+      below = [floor(t, path | {name}) for t in sorted(packages.get(name, ()))
+               if t not in path | {name}]
+      floors[name] = 1 + max(below, default=0)
+    return floors[name]
+
+  for name in sorted(packages):
+    floor(name, frozenset())
+  return floors
+
+
+def upward_edges(edges) -> list[str]:
+  """Package imports whose target is not on a lower floor than their source."""
+  floors = package_floors(edges)
+  return [f"{a} -> {b}" for a, targets in sorted(package_edges(edges).items())
+          for b in sorted(targets) if floors[b] >= floors[a]]
+
+
+def _package_lines(package: pathlib.Path) -> dict[str, int]:
+  lines = {}
+  for name, path in _modules(package).items():
+    lines[_part(name)] = lines.get(_part(name), 0) + len(path.read_text().splitlines())
+  return lines
+
+
 def report(package: pathlib.Path) -> str:
   edges = graph(package)
   eager = sum(not lazy for targets in edges.values() for lazy in targets.values())
@@ -182,6 +408,24 @@ def report(package: pathlib.Path) -> str:
     chain = longest_chain(edges, lazy)
     lines.append(f"longest chain{' with lazy imports' if lazy else ''}: {len(chain)} "
                  f"modules: {' -> '.join(chain)}")
+  sizes = _package_lines(package)
+  lines.append(f"lines per package ({sum(sizes.values())} in all): " + ", ".join(
+      f"{name} {n}" for name, n in sorted(sizes.items(), key=lambda i: (-i[1], i[0]))))
+  floors = package_floors(edges)
+  lines.append("package floors, top down:")
+  for level in sorted(set(floors.values()), reverse=True):
+    lines.append(f"  {level}: " + ", ".join(sorted(p for p in floors
+                                                   if floors[p] == level)))
+  packages = package_edges(edges)
+  lines.append(f"package edges ({sum(map(len, packages.values()))}):")
+  lines += [f"  {a} -> {', '.join(sorted(t))}" for a, t in sorted(packages.items())
+            if t]
+  upward = upward_edges(edges)
+  lines.append(f"upward package edges ({len(upward)}): {', '.join(upward) or 'none'}")
+  limits = {"modules": MAX_MODULE_LINES, "functions": MAX_FUNCTION_LINES,
+            "parameters": MAX_PARAMETERS}
+  for kind, over in _sizes(package).items():
+    lines.append(f"{kind} over {limits[kind]} ({len(over)}): {'; '.join(over) or 'none'}")
   return "\n".join(lines)
 
 

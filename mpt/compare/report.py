@@ -5,8 +5,9 @@ lay it out for the terminal, compare.md and compare.png.
 One row per run, grouped by configuration (summary.SAME_CONFIG: what must be equal for
 a float32 run to be the baseline of a 16-bit one), float32 first in each group. The
 speed-up is the float32 run's ms/step over the run's, the float32 run of the same
-configuration among the compared runs, the same loop preferred, then the newest; a
-float32 run is its own baseline. A figure a run's summary.json lacks is computed from
+configuration among the compared runs (mpt/records/summary.py `baseline_of`, the rule
+the diagnosis uses too: the same loop preferred, then the newest); a float32 run is
+its own baseline. A figure a run's summary.json lacks is computed from
 those it has where it can be (images/s from the batch and ms/step, GFLOP/s from the
 FLOPs per step), else shown as `-`.
 """
@@ -68,12 +69,10 @@ class Line:
 
 def baseline(entry: Entry, entries: list[Entry]) -> Entry | None:
   """The float32 run of `entry`'s configuration; itself for a float32 run."""
-  s = entry.summary
-  if s.policy == "float32":
+  if entry.summary.policy == "float32":
     return entry
-  found = [e for e in entries if e.summary.policy == "float32" and e.ms
-           and e.config == entry.config]
-  return max(found, key=lambda e: (e.summary.loop == s.loop, e.mtime), default=None)
+  return summary_lib.baseline_of(entry.summary,
+                                 [(e.summary, e.mtime, e) for e in entries if e.ms])
 
 
 def _show(value) -> str:
@@ -111,8 +110,8 @@ def lines(entries: list[Entry]) -> list[Line]:
 
 def _achieved(s: RunSummary) -> str:
   achieved = s.achieved_gflops
-  if achieved is None and s.flops_per_step and s.ms_per_step:
-    achieved = s.flops_per_step / s.ms_per_step * 1e3 / 1e9
+  if achieved is None:
+    achieved = summary_lib.achieved_gflops(s.flops_per_step, s.ms_per_step)
   if achieved is None:
     return "-"
   ceiling, peak = s.microbench_gflops, ""

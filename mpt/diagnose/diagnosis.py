@@ -2,9 +2,9 @@
 
 After every training run and every sweep (mpt/main.py passes `after_run` to both),
 and on demand (`python -m mpt.main --mode=diagnose --run=logs/<run>`), mpt reads the
-run folder (mpt/diagnose/evidence.py: summary.json with its measured kernel verdict,
+run folder (mpt/diagnose/evidence.py: summary.json with its measured policy verdict,
 flags.txt, dtypes.json, the profiler trace's op statistics, and a float32 run of the
-same configuration found next to it), runs the detectors of mpt/diagnose/detectors.py,
+same configuration found next to it), runs the detectors of mpt/diagnose/detectors/,
 and prints the run's measured figures and a ranked list of findings, each with its
 threshold, its evidence, a next step and what it is based on (probe, trace, sibling
 runs, flags, ...). It writes `diagnosis.json` and `diagnosis.md` into the folder
@@ -16,41 +16,47 @@ import dataclasses
 import pathlib
 from typing import Any
 
-
 from mpt.diagnose import detectors
 from mpt.diagnose import evidence
 from mpt.diagnose import report
 from mpt.diagnose import sweep as diagnose_sweep
 from mpt.diagnose.options import DiagnoseOptions
+from mpt.diagnose.findings import rank
 from mpt.errors import UserError
+from mpt.records import typed
+
+
+def _record(record) -> dict[str, Any] | None:
+  return typed.to_dict(record) if record is not None else None
 
 
 def _figures(ev: evidence.Evidence) -> dict[str, Any]:
   """The run's measured figures, printed above the findings whatever they are."""
-  s, d, ops = ev.summary, ev.dtypes or {}, ev.op_stats or {}
-  busy, what = evidence.busy(s)
-  per_layer = lambda names: evidence.layer_shares(ev, names)
+  s, d, ops, b = ev.summary, ev.dtypes or {}, ev.op_stats or {}, ev.baseline
+  busy, what = s.busy()
   return {
-      "run": f"{s.get('model')}, {s.get('policy')}, {s.get('loop')} loop, "
-             f"{s.get('image_size')} px, batch {s.get('batch_size')}, {s.get('status')}",
-      "device": s.get("device"),
-      "ms_per_step": s.get("ms_per_step"),
-      "speedup_vs_float32": evidence.speedup(ev),
-      "baseline_ms_per_step": (ev.baseline or {}).get("ms_per_step"),
-      "baseline_run": (ev.baseline or {}).get("run_dir"),
+      "run": f"{s.model}, {s.policy}, {s.loop} loop, {s.image_size} px, batch "
+             f"{s.batch_size}, {s.status}",
+      "device": s.device,
+      "ms_per_step": s.ms_per_step,
+      "speedup_vs_float32": ev.speedup,
+      "baseline_ms_per_step": b.ms_per_step if b else None,
+      "baseline_run": b.run_dir if b else None,
       "flops_share_16bit": d.get("flops_share_16bit"),
       "flops_share_32bit": d.get("flops_share_32bit"),
-      "float32_layers": per_layer([l["name"] for l in d.get("float32_layers", [])]),
+      "float32_layers": ev.layer_shares([l["name"] for l in d.get("float32_layers", [])]),
       "float32_time_share": ops.get("float32_time_share"),
       "cast_time_share": ops.get("cast_time_share"),
       "misaligned_flops_share": d.get("misaligned_flops_share"),
-      "misaligned_layers": per_layer(d.get("misaligned_layers", [])),
-      "data_wait_share": s.get("data_wait_share"),
+      "misaligned_layers": ev.layer_shares(d.get("misaligned_layers", [])),
+      "data_wait_share": s.data_wait_share,
       "utilisation": busy, "utilisation_of": what,
-      "achieved_gflops": s.get("achieved_gflops"),
-      "microbench_gflops": s.get("microbench_gflops"),
-      "skipped_steps": s.get("skipped_steps"), "loss_scale": s.get("loss_scale"),
-      "kernels": s.get("kernels"), "policy_choice": s.get("policy_choice"),
+      "achieved_gflops": s.achieved_gflops,
+      "microbench_gflops": s.microbench_gflops,
+      "skipped_steps": s.skipped_steps, "loss_scale": s.loss_scale,
+      # diagnosis.json's name for the policy verdict (summary.json's `kernels` before
+      # schema 3): a reader of diagnosis.json sees no change.
+      "kernels": _record(s.policy_verdict), "policy_choice": _record(s.policy_choice),
   }
 
 
@@ -58,14 +64,9 @@ def diagnose_run(run_dir: pathlib.Path) -> dict[str, Any]:
   """The diagnosis of one training run folder, as written to diagnosis.json."""
   notes: list[str] = []
   ev = evidence.load(run_dir, notes)
-  findings, checked = [], []
-  for name, detect in detectors.DETECTORS.items():
-    if name in detectors.NEEDS and ev.dtypes is None:
-      continue
-    finding = detect(ev)
-    (findings.append(finding) if finding else checked.append(name))
+  findings, checked = detectors.run(ev)
   return {"kind": "run", "run_dir": str(run_dir), "figures": _figures(ev),
-          "findings": [dataclasses.asdict(f) for f in detectors.rank(findings)],
+          "findings": [dataclasses.asdict(f) for f in rank(findings)],
           "checked_clear": checked, "notes": notes,
           "op_stats": ev.op_stats}
 

@@ -17,39 +17,23 @@ and `Conv2DBackpropFilter`. The kernel names seen are kept beside each type.
 """
 
 import collections
-import contextlib
 import json
-import os
 import pathlib
 import re
-import tempfile
 from typing import Any
+
+from mpt.machine import traces
 
 
 def find_trace(run_dir: pathlib.Path) -> pathlib.Path | None:
   """The newest trace in the run folder, or None."""
-  traces = sorted(run_dir.glob("plugins/profile/*/*.xplane.pb"))
-  return traces[-1] if traces else None
-
-
-@contextlib.contextmanager
-def _quiet_stderr():
-  """xprof's C++ logging writes a line per stage to fd 2; keep it unless it fails."""
-  saved = os.dup(2)
-  with tempfile.TemporaryFile() as sink:
-    os.dup2(sink.fileno(), 2)
-    try:
-      yield
-    finally:
-      os.dup2(saved, 2)
-      os.close(saved)
+  found = sorted(run_dir.glob("plugins/profile/*/*.xplane.pb"))
+  return found[-1] if found else None
 
 
 def framework_op_stats(trace: pathlib.Path) -> list[dict[str, Any]]:
   """The profile plugin's op table for `trace`: one dict per (op, host or device)."""
-  from xprof.convert import raw_to_tool_data  # The profile plugin's converter.
-  with _quiet_stderr():
-    data, _ = raw_to_tool_data.xspace_to_tool_data([str(trace)], "framework_op_stats", {})
+  data, _ = traces.tool_data(trace, "framework_op_stats", quiet=True)
   if not data:
     raise ValueError(f"xprof could not convert {trace}")
   table = json.loads(data)[0]

@@ -2,7 +2,7 @@
 
 - speed-up: each 16-bit policy's ms/step against float32's, cell by cell (same model,
   image size, loop, XLA, batch), with the reason and the policy to use from the
-  cells' measured kernel verdict (summary.json `kernels`, the kernel probe) when they
+  cells' measured policy verdict (summary.json `policy_verdict`) when they
   recorded one, else from the CPU flags / compute capability;
 - memory: a 16-bit policy fits a batch size at which float32 ran out of memory;
 - overhead: step time that barely grows with the batch size (per-step overhead);
@@ -17,11 +17,15 @@ import json
 import pathlib
 from typing import Any
 
-from mpt.diagnose import detectors
 from mpt.diagnose import evidence
+from mpt.diagnose.findings import Finding, rank
+from mpt.diagnose.thresholds import HIGH_LOSS, SLOWER_THAN_FLOAT32
+from mpt.machine.hardware import SIXTEEN
 from mpt.records import cells as cells_lib
 from mpt.records import summary as summary_lib
 from mpt.records.cells import Cell
+from mpt.records.machine import Hardware
+from mpt.records.verdict import PolicyVerdict
 
 SCALING = 0.5  # step-time growth / batch growth below this: overhead dominates
 
@@ -40,16 +44,16 @@ def _key(c: Cell) -> tuple:
   return (c.model, c.image_size, c.loop, c.jit_compile)
 
 
-def speedups(folder: pathlib.Path, cells: list[Cell]) -> list[detectors.Finding]:
+def speedups(folder: pathlib.Path, cells: list[Cell]) -> list[Finding]:
   base = {(_key(c), c.batch_size): c.ms for c in cells if c.policy == "float32"}
   by_policy = collections.defaultdict(list)
   for c in cells:
     b = base.get((_key(c), c.batch_size))
-    if c.policy in detectors.SIXTEEN and b and c.ms:
+    if c.policy in SIXTEEN and b and c.ms:
       by_policy[c.policy].append((b / c.ms, c))
   findings = []
   slower = {p for p, found in by_policy.items()
-            if max(x for x, _ in found) < detectors.SLOWER_THAN_FLOAT32}
+            if max(x for x, _ in found) < SLOWER_THAN_FLOAT32}
   for policy, found in sorted(by_policy.items()):
     xs = [x for x, _ in found]
     if policy not in slower:
@@ -62,25 +66,25 @@ def speedups(folder: pathlib.Path, cells: list[Cell]) -> list[detectors.Finding]
     k = _kernels(folder, [c for _, c in found], policy)
     if k:
       # The policy measured fastest, unless this sweep measured it slower too.
-      better = k.get("fastest") or "float32"
+      better = k.fastest or "float32"
       if better == policy or better in slower:
         better = "float32"
       reason = (_probe_reason(k, policy), better)
       based_on.append("probe")
-      severity = "high" if loss >= detectors.HIGH_LOSS else "medium"
+      severity = "high" if loss >= HIGH_LOSS else "medium"
     else:
       hw = _hardware(folder, cells)
-      reason = evidence.no_fast_path({"hardware": hw}, policy)
+      reason = evidence.no_fast_path(hw, policy)
       if reason:
-        based_on.append("compute capability" if hw.get("gpus") else "flags")
-      severity = "high" if reason or loss >= detectors.HIGH_LOSS else "medium"
+        based_on.append("compute capability" if hw and hw.gpus else "flags")
+      severity = "high" if reason or loss >= HIGH_LOSS else "medium"
     if reason:
       lines.insert(0, reason[0])
-    findings.append(detectors.Finding(
+    findings.append(Finding(
         f"no_speedup:{policy}", severity, 1 - max(xs),
         f"{policy} is slower than float32 in every cell",
-        f"speed-up over float32 < {detectors.SLOWER_THAN_FLOAT32:g}x in every cell; "
-        f"high from {detectors.HIGH_LOSS:g}x float32's time, or when the CPU flags / "
+        f"speed-up over float32 < {SLOWER_THAN_FLOAT32:g}x in every cell; "
+        f"high from {HIGH_LOSS:g}x float32's time, or when the CPU flags / "
         f"compute capability explain it", lines,
         f"--policy={reason[1]}" if reason else
         "profile one cell (--profile_steps=A,B) and diagnose it", based_on, loss))
@@ -88,42 +92,38 @@ def speedups(folder: pathlib.Path, cells: list[Cell]) -> list[detectors.Finding]
 
 
 def _kernels(folder: pathlib.Path, cells: list[Cell],
-             policy: str) -> dict[str, Any] | None:
-  """The measured kernel verdict on `policy` (summary.json `kernels`, evidence "probe")
-  of the first of its cells that recorded one."""
+             policy: str) -> PolicyVerdict | None:
+  """The measured verdict on `policy` (summary.json `policy_verdict`: the step's cost
+  or the kernel probe) of the first of its cells that recorded one."""
   for c in cells:
     path = (cell_dir(folder, c) or folder / "-") / "summary.json"
     if c.policy == policy and path.is_file():
-      k = summary_lib.read(path).kernels or {}
-      if k.get("evidence") in ("cost", "probe") and k.get("policy_ratios"):
+      k = summary_lib.read(path).policy_verdict
+      if k and k.measured:
         return k
   return None
 
 
-def _probe_reason(k: dict[str, Any], policy: str) -> str:
-  """Why the kernel probe says `policy` is slow here (or that its kernels are not)."""
-  ratio = k.get("ratio") or k["policy_ratios"].get(policy)
-  source = k.get("source") or "probe"
-  what = "step timing" if k.get("evidence") == "cost" else "kernel probe"
-  if k.get("slow"):
-    kernel = (k.get("impl") or "?") + (" (oneDNN's reference kernel)"
-                                       if k.get("reference") else "")
-    why = (f"the {what} ({source}) measured this model's ops under {policy} at "
-           f"{ratio:.3g}x float32's time" + (
-               f"; worst: {k.get('op')} runs {kernel}" if k.get("op") else "")
-           + (f", {k['op_ratio']:.3g}x float32's time" if k.get("op_ratio") else ""))
+def _probe_reason(k: PolicyVerdict, policy: str) -> str:
+  """Why the measurement says `policy` is slow here (or that its kernels are not)."""
+  ratio = k.ratio or k.policy_ratios.get(policy)
+  what = "step timing" if k.evidence == "cost" else "kernel probe"
+  why = (f"the {what} ({k.source or 'probe'}) measured this model's ops under {policy} "
+         f"at {ratio:.3g}x float32's time")
+  if k.slow:
+    kernel = (k.impl or "?") + (" (oneDNN's reference kernel)" if k.reference else "")
+    why += ((f"; worst: {k.op} runs {kernel}" if k.op else "")
+            + (f", {k.op_ratio:.3g}x float32's time" if k.op_ratio else ""))
   else:
-    why = (f"the {what} ({source}) measured this model's ops under {policy} at "
-           f"{ratio:.3g}x float32's time: its kernels alone do not explain the loss")
-  fastest = k.get("fastest")
-  if fastest and fastest != policy and k.get("fastest_ratio"):
-    why += f"; measured fastest: {fastest} ({k['fastest_ratio']:.3g}x float32's time)"
-  if k.get("contradicts"):
-    why += f" ({k['contradicts']})"
+    why += ": its kernels alone do not explain the loss"
+  if k.fastest and k.fastest != policy and k.fastest_ratio:
+    why += f"; measured fastest: {k.fastest} ({k.fastest_ratio:.3g}x float32's time)"
+  if k.contradicts:
+    why += f" ({k.contradicts})"
   return why
 
 
-def _hardware(folder: pathlib.Path, cells: list[Cell]) -> dict[str, Any]:
+def _hardware(folder: pathlib.Path, cells: list[Cell]) -> Hardware | None:
   """The machine the sweep ran on: the first cell's summary.json that records it."""
   for c in cells:
     path = (cell_dir(folder, c) or folder / "-") / "summary.json"
@@ -131,10 +131,10 @@ def _hardware(folder: pathlib.Path, cells: list[Cell]) -> dict[str, Any]:
       hw = summary_lib.read(path).hardware
       if hw:
         return hw
-  return {}
+  return None
 
 
-def memory(cells: list[Cell]) -> list[detectors.Finding]:
+def memory(cells: list[Cell]) -> list[Finding]:
   findings = []
   groups = collections.defaultdict(list)
   for c in cells:
@@ -147,12 +147,12 @@ def memory(cells: list[Cell]) -> list[detectors.Finding]:
     (oom_batch, error), oom32 = oom32[0], [b for b, _ in oom32]
     fit32 = max((c.batch_size for c in group
                  if c.policy == "float32" and c.status == "ok"), default=None)
-    for policy in detectors.SIXTEEN:
+    for policy in SIXTEEN:
       fits = sorted(c.batch_size for c in group
                     if c.policy == policy and c.status == "ok"
                     and c.batch_size >= oom32[0])
       if fits:
-        findings.append(detectors.Finding(
+        findings.append(Finding(
             f"memory:{policy}", "low", 0.0,
             f"{policy} fits batch {fits[-1]} where float32 ran out of memory",
             "a float32 cell OOM and a 16-bit cell of that batch size or larger ok",
@@ -163,7 +163,7 @@ def memory(cells: list[Cell]) -> list[detectors.Finding]:
   return findings
 
 
-def overhead(cells: list[Cell]) -> list[detectors.Finding]:
+def overhead(cells: list[Cell]) -> list[Finding]:
   findings = []
   groups = collections.defaultdict(list)
   for c in cells:
@@ -175,7 +175,7 @@ def overhead(cells: list[Cell]) -> list[detectors.Finding]:
     (b0, t0), (b1, t1) = min(points), max(points)
     growth = (t1 / t0) / (b1 / b0)
     if growth < SCALING:
-      findings.append(detectors.Finding(
+      findings.append(Finding(
           f"overhead:{key[4]}", "medium", 1 - growth,
           f"{key[4]} step time barely grows with the batch size",
           f"(step-time ratio / batch ratio) < {SCALING}",
@@ -188,7 +188,7 @@ def overhead(cells: list[Cell]) -> list[detectors.Finding]:
 def diagnose(folder: pathlib.Path) -> dict[str, Any]:
   """The sweep-wide findings and each cell's top finding, as written to diagnosis.json."""
   cells = cells_lib.read_csv(folder / "sweep.csv")
-  findings = detectors.rank(speedups(folder, cells) + memory(cells) + overhead(cells))
+  findings = rank(speedups(folder, cells) + memory(cells) + overhead(cells))
   table = []
   for c in cells:
     path = (cell_dir(folder, c) or folder / "-") / "diagnosis.json"

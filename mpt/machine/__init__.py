@@ -5,5 +5,6 @@ isa.py (the CPU: model, flags, peak estimate; $MPT_CPUINFO stands in for
 rates.py (the measured matmul-rate cache), onednn.py (ONEDNN_VERBOSE lines),
 kernels.py (the kernel table per op and dtype: probe and cache; $MPT_KERNELS stands in),
 fastpath.py (the measured verdict on a policy, flags as the fallback), ceilings.py
-(practical ceilings vs theoretical estimates), gpu_kernels.py (xprof kernel stats).
+(practical ceilings vs theoretical estimates), gpu_kernels.py (xprof kernel stats),
+traces.py (a profiler trace through xprof's converter: its one user).
 """

@@ -10,11 +10,12 @@ Sapphire Rapids machine of tests/data/kernels that is ~100x for float16's convol
 
 from typing import Any
 
+from mpt import config
 from mpt.machine import hardware
 from mpt.machine import kernels
+from mpt.records.verdict import PolicyVerdict
 
-POLICY_DTYPE = {"float32": "float32", "mixed_bfloat16": "bfloat16",
-                "mixed_float16": "float16"}
+POLICY_DTYPE = config.POLICY_DTYPE
 SLOW = 2.0  # A policy measured this many times float32's time is warned about.
 # Layer classes -> the op families their training step runs.
 LAYER_FAMILIES = {"Conv2D": "conv", "Conv1D": "conv", "Conv3D": "conv",
@@ -64,32 +65,50 @@ def step_ratios(predicted_ms: dict[str, float] | None) -> dict[str, float]:
   return {p: v / ms["float32"] for p, v in ms.items() if p in POLICY_DTYPE}
 
 
+def _flags_verdict(policy: str, by_flags: tuple[str, str] | None) -> PolicyVerdict:
+  """Nothing measured: the CPU flags / compute capability speak."""
+  return PolicyVerdict(
+      "flags", slow=bool(by_flags), fastest=by_flags[1] if by_flags else None,
+      text=f"{policy}: {by_flags[0]}; use --policy={by_flags[1]}" if by_flags else None)
+
+
+def _warning(policy: str, found: PolicyVerdict, step_ms, worst, dtype: str) -> str:
+  """The one-line warning on a policy measured slow."""
+  ratio, ratios, fastest = found.ratio, found.policy_ratios, found.fastest
+  if found.evidence == "cost":
+    text = (f"{policy}: this model's step measured {ratio:.1f}x float32's time here "
+            f"(~{step_ms[policy]:,.0f} vs ~{step_ms['float32']:,.0f} ms/step)")
+  else:
+    text = f"{policy}: this model's ops measured {ratio:.1f}x float32's time here"
+  if worst:
+    kernel = worst["impl"] + (" (oneDNN's reference kernel)" if worst["reference"]
+                              else "")
+    text += (f"; worst: {dtype} {worst['op']} runs {kernel}, "
+             f"{worst.get('ratio') or 0:.1f}x float32")
+  if fastest != policy:
+    text += (f"; measured fastest here: --policy={fastest} "
+             f"({ratios[fastest]:.2f}x float32's time)")
+  return text
+
+
 def verdict(policy: str, table: dict[str, Any] | None, families, flags: set[str],
             gpu_caps: list[tuple[int, int]], cpu_name: str,
-            step_ms: dict[str, float] | None = None) -> dict[str, Any]:
-  """What is known about `policy`'s speed here, and on what evidence.
+            step_ms: dict[str, float] | None = None) -> PolicyVerdict:
+  """What is known about `policy`'s speed here, and on what evidence
+  (mpt/records/verdict.py).
 
   `step_ms`: this model's step timed per policy before step 1 (predicted ms/step,
   mpt/train/cost.py), which outranks the kernel table's representative shapes; the
-  table then only names the worst op's kernel. Keys: evidence ("cost", "probe" or
-  "flags"), slow (bool), ratio (measured time over float32's, or None),
-  op/impl/op_ratio/reference (the worst op), fastest (the policy measured fastest, or
-  the flags' advice), fastest_ratio, contradicts (words, or None), text (the one-line
-  warning, or None), policy_ratios, step_ms."""
+  table then only names the worst op's kernel. Without either (or on a GPU, where the
+  table measures nothing), the flags decide."""
   by_flags = hardware.fast_path(policy, flags, gpu_caps, cpu_name)
   ratios = step_ratios(step_ms)
   evidence = "cost" if ratios.get(policy) else "probe"
   if evidence == "probe":
     ratios = policy_ratios(table, families) if not gpu_caps else {}
   if not ratios:
-    return {"evidence": "flags", "step_ms": None, "slow": bool(by_flags), "ratio": None, "op": None,
-            "impl": None, "op_ratio": None, "reference": False,
-            "fastest": by_flags[1] if by_flags else None, "fastest_ratio": None,
-            "contradicts": None, "policy_ratios": {},
-            "text": f"{policy}: {by_flags[0]}; use --policy={by_flags[1]}"
-            if by_flags else None}
-  dtype = POLICY_DTYPE[policy]
-  ratio = ratios[policy]
+    return _flags_verdict(policy, by_flags)
+  dtype, ratio = POLICY_DTYPE[policy], ratios[policy]
   fastest = min(ratios, key=ratios.get)
   worst = worst_op(table, dtype, families) if dtype != "float32" and table else None
   slow = ratio >= SLOW
@@ -100,25 +119,11 @@ def verdict(policy: str, table: dict[str, Any] | None, families, flags: set[str]
   elif not slow and by_flags:
     contradicts = (f"the CPU flags say {dtype} is emulated on {cpu_name}, but its "
                    f"kernels measured {ratio:.2f}x float32's time")
-  text = None
+  found = PolicyVerdict(
+      evidence, step_ms if evidence == "cost" else None, slow, ratio,
+      worst["op"] if worst else None, worst["impl"] if worst else None,
+      worst["ratio"] if worst else None, bool(worst and worst["reference"]), fastest,
+      ratios[fastest], contradicts, ratios)
   if slow:
-    kernel = worst["impl"] + (" (oneDNN's reference kernel)" if worst["reference"]
-                              else "") if worst else "?"
-    if evidence == "cost":
-      text = (f"{policy}: this model's step measured {ratio:.1f}x float32's time here "
-              f"(~{step_ms[policy]:,.0f} vs ~{step_ms['float32']:,.0f} ms/step)")
-    else:
-      text = f"{policy}: this model's ops measured {ratio:.1f}x float32's time here"
-    if worst:
-      text += (f"; worst: {dtype} {worst['op']} runs {kernel}, "
-               f"{worst.get('ratio') or 0:.1f}x float32")
-    if fastest != policy:
-      text += (f"; measured fastest here: --policy={fastest} "
-               f"({ratios[fastest]:.2f}x float32's time)")
-  return {"evidence": evidence, "step_ms": step_ms if evidence == "cost" else None,
-          "slow": slow, "ratio": ratio,
-          "op": worst["op"] if worst else None, "impl": worst["impl"] if worst else None,
-          "op_ratio": worst["ratio"] if worst else None,
-          "reference": bool(worst and worst["reference"]), "fastest": fastest,
-          "fastest_ratio": ratios[fastest], "contradicts": contradicts,
-          "policy_ratios": ratios, "text": text}
+    found.text = _warning(policy, found, step_ms, worst, dtype)
+  return found

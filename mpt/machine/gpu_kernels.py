@@ -26,6 +26,8 @@ import json
 import re
 from typing import Any
 
+from mpt.machine import traces
+
 # The columns used, by id; a CSV header may carry either the id or the label.
 _COLUMNS = {"kernel_name": "Kernel Name", "op_name": "Op Name",
             "occurrences": "Occurrences", "total_duration_us": "Total Duration (μs)",
@@ -170,8 +172,7 @@ def missed_tensor_cores(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def from_trace(trace: str) -> dict[str, Any]:
   """parse() of xprof's kernel_stats for one `.xplane.pb`; a note when xprof fails."""
   try:
-    from xprof.convert import raw_to_tool_data  # The profile plugin's converter.
-    data, _ = raw_to_tool_data.xspace_to_tool_data([str(trace)], "kernel_stats", {})
+    data, _ = traces.tool_data(trace, "kernel_stats")  # xprof's converter.
   except Exception as e:  # No xprof, or a trace it cannot read: say so, go on.
     return {"rows": [], "note": f"xprof could not convert {trace}: {e}"}
   return parse(data)

@@ -1,6 +1,7 @@
 """What the machine is: CPU features and name, GPUs and their compute capability, and
 the peak FLOP rate a run's achieved rate is compared against (MFU): for a GPU, NVIDIA's
-data-sheet figure for its exact model (`gpu_model`), for a CPU the estimate of isa.py.
+data-sheet figure for its exact model (`gpu_model`), for a CPU the estimate of isa.py;
+and `environment()`, what a sweep's numbers were measured on.
 
 TensorFlow is imported only by the functions that ask it about devices, so that
 `fast_path` (the rule for which hardware runs which 16-bit type fast) serves the
@@ -12,9 +13,12 @@ degrade to "absent".
 import os
 import re
 
+from mpt import config
+from mpt import files
 from mpt.machine import isa
+from mpt.records.machine import Gpu, Hardware
 
-SIXTEEN = {"mixed_float16": "float16", "mixed_bfloat16": "bfloat16"}
+SIXTEEN = config.SIXTEEN  # The 16-bit policies and their dtype (mpt/config.py).
 
 
 def cpu_flags() -> set[str]:
@@ -24,6 +28,14 @@ def cpu_flags() -> set[str]:
 
 def cpu_name() -> str:
   return isa.detect().name
+
+
+def environment() -> dict[str, str]:
+  """What the numbers were measured on (without importing TensorFlow): sweep.csv's
+  tf_version, cpu and cpu_isa columns."""
+  cpu = isa.detect()
+  return {"tf_version": files.tf_version(), "cpu": cpu.name,
+          "cpu_isa": " ".join(k for k, v in cpu.isa().items() if v)}
 
 
 def fast_path(policy: str, flags: set[str], gpu_caps: list[tuple[int, int]],
@@ -89,18 +101,14 @@ def gpu_names() -> list[str]:
   return [name for name, _ in _gpu_details()]
 
 
-def facts() -> dict:
+def facts() -> Hardware:
   """What a diagnosis needs to know about the machine a run used (summary.json)."""
   import tensorflow as tf
   cpu = isa.detect()
-  return {
-      "cpu": cpu.name, "cpu_count": os.cpu_count(),
-      "cpu_flags": sorted(k for k, v in cpu.isa().items() if v),
-      "gpus": [{"name": name, "compute_capability": list(cc) if cc else None}
-               for name, cc in _gpu_details()],
-      # TF32 matters only on compute capability >= 8.0; the switch is global.
-      "tf32": bool(tf.config.experimental.tensor_float_32_execution_enabled()),
-  }
+  return Hardware(
+      cpu.name, os.cpu_count(), sorted(k for k, v in cpu.isa().items() if v),
+      [Gpu(name, list(cc) if cc else None) for name, cc in _gpu_details()],
+      bool(tf.config.experimental.tensor_float_32_execution_enabled()))
 
 
 def _gpu_details() -> list[tuple[str, tuple[int, int] | None]]:

@@ -84,7 +84,13 @@ def parse_cpuinfo(text: str) -> Cpu:
 
 
 def numpy_features() -> set[str]:
-  """The Linux names of the features numpy's runtime dispatch detected."""
+  """The Linux names of the features numpy's runtime dispatch detected.
+
+  numpy has no public API for them: `__cpu_features__` of its private
+  `_multiarray_umath` is read, as numpy 2.4 has it under `numpy._core` (numpy 1.x
+  under `numpy.core`). The one private numpy name mpt uses; tests/test_architecture.py
+  keeps it here and checks it still exists.
+  """
   try:
     from numpy._core._multiarray_umath import __cpu_features__ as found
   except ImportError:  # numpy < 2

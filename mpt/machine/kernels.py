@@ -21,10 +21,10 @@ import sys
 import time
 from typing import Any
 
+from mpt import files
 from mpt.machine import isa
 from mpt.machine import onednn
 from mpt.machine import rates
-from mpt.records import rundir
 
 SCHEMA = 1
 DTYPES = ("float32", "bfloat16", "float16")
@@ -160,35 +160,11 @@ def probe(repeats: int = 3, dtypes=DTYPES, python: str = sys.executable) -> dict
   return table
 
 
-def from_verbose_logs(logs: dict[str, str], op_of: dict[tuple[str, str], str],
-                      cpu: str, source: str) -> dict[str, Any]:
-  """A table from recorded ONEDNN_VERBOSE logs (one per dtype), timed by oneDNN's own
-  exec times: `op_of[(kind, prop)]` names the TF op each primitive served."""
-  rows = []
-  for dtype, text in logs.items():
-    for p in onednn.parse(text):
-      op = op_of.get((p.kind, p.prop))
-      if op:
-        rows.append({"op": op, "dtype": dtype, "impl": p.label, "ms": p.ms,
-                     "reference": p.reference})
-  return {"schema": SCHEMA, "source": source, "cpu": cpu, "logical_cpus": None,
-          "onednn_isa": next(filter(None, map(onednn.isa, logs.values())), None),
-          "tf_version": None, "rows": with_ratios(rows), "seconds": None}
-
-
 def cache_path() -> pathlib.Path:
   """Next to the matmul-rate cache: same machine key, `-kernels.json`."""
   cpu = isa.detect()
-  base = rates.cache_path(cpu.name, cpu.logical_cpus, _tf_version())
+  base = rates.cache_path(cpu.name, cpu.logical_cpus, files.tf_version())
   return base.with_name(base.stem + "-kernels.json")
-
-
-def _tf_version() -> str:
-  import importlib.metadata
-  try:
-    return importlib.metadata.version("tensorflow")
-  except importlib.metadata.PackageNotFoundError:
-    return "?"
 
 
 def table(probe_if_missing: bool = True) -> tuple[dict[str, Any] | None, str | None]:
@@ -227,7 +203,7 @@ def save(table: dict[str, Any]) -> pathlib.Path | None:
     return None
   path = cache_path()
   path.parent.mkdir(parents=True, exist_ok=True)
-  rundir.write_json(path, table)
+  files.write_json(path, table)
   return path
 
 

@@ -5,27 +5,25 @@ FLOP rate with what the machine has been measured to do.
 """
 
 import json
-import os
 import pathlib
 import re
 from typing import Any
 
+from mpt import files
 from mpt.machine import isa
-from mpt.records import rundir
 
 
 def cache_path(cpu_name: str, logical_cpus: int, tf_version: str) -> pathlib.Path:
   """~/.cache/mpt/microbench/<cpu>-<n>cpu-tf<version>.json (or under $MPT_CACHE)."""
-  root = pathlib.Path(os.environ.get("MPT_CACHE", "~/.cache/mpt")).expanduser()
   key = re.sub(r"[^A-Za-z0-9]+", "_", cpu_name).strip("_")
-  return root / "microbench" / f"{key}-{logical_cpus}cpu-tf{tf_version}.json"
+  return files.cache_root() / "microbench" / f"{key}-{logical_cpus}cpu-tf{tf_version}.json"
 
 
 def save_cache(results: dict[str, Any]) -> pathlib.Path:
   path = cache_path(results["cpu"]["name"], results["cpu"]["logical_cpus"],
                     results["tensorflow"].get("tf_version", "?"))
   path.parent.mkdir(parents=True, exist_ok=True)
-  rundir.write_json(path, results)
+  files.write_json(path, results)
   return path
 
 

@@ -20,8 +20,6 @@ import tensorflow as tf
 
 from mpt.models.fused_bn import FusedBatchNormalization
 
-
-SIXTEEN = ("float16", "bfloat16")
 MATMUL_LAYERS = (keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.Conv3D,
                  keras.layers.Dense)
 
@@ -67,32 +65,27 @@ def _float32_reason(layer: keras.layers.Layer, global_policy: str) -> str | None
   return None
 
 
-def inspect_model(model: keras.Model, batch_size: int = 2, seed: int = 0) -> dict[str, Any]:
-  """The dtype report of `model`, from one forward and one backward pass."""
-  layers = [l for l in model.layers if not isinstance(l, keras.layers.InputLayer)]
-  probe = keras.Model(model.inputs, [l.output for l in layers])
-  shape = (batch_size,) + tuple(model.inputs[0].shape[1:])
-  x = tf.random.stateless_uniform(shape, seed=(seed, 0))
-  observed = probe(x, training=False)
-  global_policy = keras.mixed_precision.global_policy().name
-  rows = []
-  for layer, out in zip(layers, observed):
-    flops, dims = layer_flops(layer)
-    rows.append({
-        "name": layer.name,
-        "class": type(layer).__name__,
-        "policy": layer.dtype_policy.name,
-        "compute_dtype": layer.compute_dtype,
-        "variable_dtype": layer.variable_dtype,
-        "output_dtype": keras.backend.standardize_dtype(out.dtype),
-        "output_elements": _size(tuple(out.shape)),  # Per example: memory estimates.
-        "params": int(layer.count_params()),
-        "flops": int(flops),
-        "dims": f"{dims[0]}->{dims[1]}" if dims else "",
-        "aligned8": (dims[0] % 8 == 0 and dims[1] % 8 == 0) if dims else None,
-        "float32_reason": _float32_reason(layer, global_policy),
-    })
+def _row(layer: keras.layers.Layer, out, global_policy: str) -> dict[str, Any]:
+  """One layer's row, from its output `out` observed in the forward pass."""
+  flops, dims = layer_flops(layer)
+  return {
+      "name": layer.name,
+      "class": type(layer).__name__,
+      "policy": layer.dtype_policy.name,
+      "compute_dtype": layer.compute_dtype,
+      "variable_dtype": layer.variable_dtype,
+      "output_dtype": keras.backend.standardize_dtype(out.dtype),
+      "output_elements": _size(tuple(out.shape)),  # Per example: memory estimates.
+      "params": int(layer.count_params()),
+      "flops": int(flops),
+      "dims": f"{dims[0]}->{dims[1]}" if dims else "",
+      "aligned8": (dims[0] % 8 == 0 and dims[1] % 8 == 0) if dims else None,
+      "float32_reason": _float32_reason(layer, global_policy),
+  }
 
+
+def _gradient_dtypes(model: keras.Model, x) -> list[str]:
+  """The dtypes of the loss' gradients with respect to the trainable variables."""
   # training=False: a training-mode pass would move BatchNorm's statistics before the
   # run starts; the gradients' dtypes are the same either way.
   found: set[str] = set()
@@ -110,18 +103,15 @@ def inspect_model(model: keras.Model, batch_size: int = 2, seed: int = 0) -> dic
     tf.function(lambda: strategy.run(gradient_dtypes))()  # Eager run: slow, warns.
   else:
     gradient_dtypes()
-  grad_dtypes = sorted(found)
-  var_dtypes = sorted({v.dtype for v in model.trainable_variables})
+  return sorted(found)
 
+
+def _shares(rows: list[dict[str, Any]]) -> dict[str, Any]:
+  """The report's totals over the layer rows: FLOPs, and their shares by kind."""
   total = sum(r["flops"] for r in rows) or 1
   f32 = sum(r["flops"] for r in rows if r["float32_reason"])
   misaligned = sum(r["flops"] for r in rows if r["aligned8"] is False)
   return {
-      "model": model.name,
-      "policy": global_policy,
-      "input_shape": list(shape[1:]),
-      "layers": rows,
-      "params": int(model.count_params()),
       "forward_flops_per_example": int(sum(r["flops"] for r in rows)),
       "flops_share_16bit": (total - f32) / total,
       "flops_share_32bit": f32 / total,
@@ -130,6 +120,27 @@ def inspect_model(model: keras.Model, batch_size: int = 2, seed: int = 0) -> dic
       "float32_layers": [{"name": r["name"], "reason": r["float32_reason"],
                           "flops_share": r["flops"] / total}
                          for r in rows if r["float32_reason"]],
+  }
+
+
+def inspect_model(model: keras.Model, batch_size: int = 2, seed: int = 0) -> dict[str, Any]:
+  """The dtype report of `model`, from one forward and one backward pass."""
+  layers = [l for l in model.layers if not isinstance(l, keras.layers.InputLayer)]
+  probe = keras.Model(model.inputs, [l.output for l in layers])
+  shape = (batch_size,) + tuple(model.inputs[0].shape[1:])
+  x = tf.random.stateless_uniform(shape, seed=(seed, 0))
+  observed = probe(x, training=False)
+  global_policy = keras.mixed_precision.global_policy().name
+  rows = [_row(layer, out, global_policy) for layer, out in zip(layers, observed)]
+  grad_dtypes = _gradient_dtypes(model, x)
+  var_dtypes = sorted({v.dtype for v in model.trainable_variables})
+  return {
+      "model": model.name,
+      "policy": global_policy,
+      "input_shape": list(shape[1:]),
+      "layers": rows,
+      "params": int(model.count_params()),
+      **_shares(rows),
       "gradient_dtypes": grad_dtypes,
       "variable_dtypes": var_dtypes,
       "gradients_match_variables": grad_dtypes == var_dtypes,

@@ -17,6 +17,7 @@ Tags are identical for both loops, grouped by slash:
                   (mpt/measure/dashboards.py)
 """
 
+import dataclasses
 import statistics
 import time
 from typing import Any, Callable
@@ -27,6 +28,7 @@ import tensorflow as tf
 
 from mpt.measure import dashboards
 from mpt.measure.sampler import Sampler
+from mpt.records import summary as summary_lib
 
 
 class StepTimer(keras.callbacks.Callback):
@@ -88,10 +90,6 @@ class StepTimer(keras.callbacks.Callback):
   def steady(self) -> list[float]:
     return [self.durations_ms[i] for i in self._steady()]
 
-  def median_ms(self) -> float | None:
-    times = self.steady()
-    return statistics.median(times) if times else None
-
   def stats(self) -> dict[str, Any]:
     """Step-time percentiles and data-wait share over the steps after warm-up."""
     steady = self._steady()
@@ -105,32 +103,46 @@ class StepTimer(keras.callbacks.Callback):
             "data_wait_share": sum(waits) / sum(times)}
 
 
+@dataclasses.dataclass
+class Sources:
+  """Where ScalarWriter's figures beside the step time come from, each optional:
+  perf/tflops from the FLOPs of one step, precision/ from `precision_state()`,
+  util/ from the sampler."""
+  flops_per_step: int | None = None
+  precision_state: Callable[[], dict[str, float]] | None = None
+  sampler: Sampler | None = None
+
+
+@dataclasses.dataclass
+class Opening:
+  """What ScalarWriter writes once at step 0: `texts` by tag, the dashboards' layout
+  and, given `hparams`, the HParams experiment. `resumed`: the run's first attempt
+  wrote them into the event files already; they are not written twice."""
+  texts: dict[str, str] = dataclasses.field(default_factory=dict)
+  hparams: dict[str, Any] | None = None
+  resumed: bool = False
+
+
 class ScalarWriter(keras.callbacks.Callback):
   """Writes metrics per epoch and, when `detailed`, perf/precision/util every N steps."""
 
   def __init__(self, run_dir: str, timer: StepTimer, batch_size: int, *,
-               every: int = 10, detailed: bool = True,
-               sampler: Sampler | None = None, flops_per_step: int | None = None,
-               precision_state: Callable[[], dict[str, float]] | None = None,
-               texts: dict[str, str] | None = None,
-               hparams: dict[str, Any] | None = None, resumed: bool = False):
-    """`resumed`: the texts, hparams and layout the run's first attempt wrote at step
-    0 are in the event files already; they are not written twice."""
+               every: int = 10, detailed: bool = True, sources: Sources | None = None,
+               opening: Opening | None = None):
     super().__init__()
-    self.resumed = resumed
     self.writer = tf.summary.create_file_writer(run_dir)
     self.timer, self.batch_size, self.every = timer, batch_size, every
-    self.detailed, self.sampler, self.flops_per_step = detailed, sampler, flops_per_step
-    self.precision_state = precision_state
-    self.texts, self.hparams = texts or {}, hparams
+    self.detailed = detailed
+    self.sources = sources or Sources()
+    self.opening = opening or Opening()
 
   def on_train_begin(self, logs=None):
-    if self.resumed:
+    if self.opening.resumed:
       return
     with self.writer.as_default(step=0):
-      for tag, text in self.texts.items():
+      for tag, text in self.opening.texts.items():
         tf.summary.text(tag, text)
-      dashboards.write(self.hparams)
+      dashboards.write(self.opening.hparams)
 
   def on_train_batch_end(self, batch, logs=None):
     step = self.timer.steps
@@ -142,11 +154,14 @@ class ScalarWriter(keras.callbacks.Callback):
       tf.summary.scalar("perf/step_time_ms", ms)
       tf.summary.scalar("perf/data_wait_ms", statistics.fmean(self.timer.waits_ms[-self.every:]))
       tf.summary.scalar("perf/images_per_sec", self.batch_size / ms * 1e3)
-      if self.flops_per_step:
-        tf.summary.scalar("perf/tflops", self.flops_per_step / ms * 1e3 / 1e12)
-      for name, value in (self.precision_state() if self.precision_state else {}).items():
+      sources = self.sources
+      if sources.flops_per_step:
+        tf.summary.scalar("perf/tflops",
+                          summary_lib.achieved_gflops(sources.flops_per_step, ms) / 1e3)
+      for name, value in (sources.precision_state() if sources.precision_state
+                          else {}).items():
         tf.summary.scalar(f"precision/{name}", value)
-      for name, value in (self.sampler.drain() if self.sampler else {}).items():
+      for name, value in (sources.sampler.drain() if sources.sampler else {}).items():
         tf.summary.scalar(f"util/{name}", value)
 
   def on_epoch_end(self, epoch, logs=None):

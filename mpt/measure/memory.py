@@ -22,9 +22,12 @@ share under a strategy), in bytes:
   input batches   the batch in flight and the prefetched ones (float32 images)
 
 `fits()` compares it with what the device has (available host RAM via psutil on a CPU;
-a GPU's total from TF or NVML) and `largest_batch()` inverts it: everything but the
-per-example terms is fixed, so the batch that fits is linear. The measured peak is
-the process's high-water mark (getrusage on a CPU; TF's peak on a GPU).
+a GPU's free memory by NVML): the baseline is already in use, so the step's own
+memory is compared with what is left. `largest_batch()` inverts it: everything but
+the per-example terms is fixed, so the batch that fits is linear. Both take an
+`Estimate` or the line a run recorded per policy (summary.json's `memory`: a sweep
+predicts its next cells from it). The measured peak is the process's high-water mark
+(getrusage on a CPU; TF's peak on a GPU).
 ACTIVATION_FACTOR was calibrated against measured peaks, one fresh process per run
 (experiments/bench_memory.py; the factor came out 0.95-1.5 for the seed convnet and a
 ResNet10 at 32 px, batch 1024, float32 and bfloat16, AMD Zen 4, TF 2.21), and
@@ -36,51 +39,20 @@ activations alone predict; counted at 4 bytes, the estimate's step part came wit
 1-7% of the measured one (it was 0.60-0.66x of it counted at 2).
 """
 
-import dataclasses
 import os
 import resource
 import sys
 from typing import Any
 
+from mpt import config
 from mpt.errors import UserError
+from mpt.records.memory import Estimate, Line  # The records; the arithmetic is here.
 
 MB = 2**20
 BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int32": 4,
          "int64": 8, "uint8": 1}
 ACTIVATION_FACTOR = 1.25
 PREFETCH = 2  # Batches tf.data holds ahead of the step (AUTOTUNE settles near 1-2 here).
-
-
-@dataclasses.dataclass
-class Estimate:
-  policy: str
-  batch_size: int  # Per replica.
-  baseline_mb: float
-  parameters_mb: float
-  gradients_mb: float
-  optimizer_mb: float
-  weight_copies_mb: float
-  activations_mb_per_example: float
-  input_mb_per_example: float
-  # 16-bit ops emulated in float32 working copies (see the module's docstring).
-  emulated_16bit: bool = False
-
-  @property
-  def fixed_mb(self) -> float:
-    return (self.baseline_mb + self.parameters_mb + self.gradients_mb +
-            self.optimizer_mb + self.weight_copies_mb)
-
-  @property
-  def per_example_mb(self) -> float:
-    return self.activations_mb_per_example + self.input_mb_per_example
-
-  @property
-  def total_mb(self) -> float:
-    return self.fixed_mb + self.batch_size * self.per_example_mb
-
-  def to_dict(self) -> dict[str, Any]:
-    return {**dataclasses.asdict(self), "total_mb": round(self.total_mb, 1),
-            "per_example_mb": round(self.per_example_mb, 4)}
 
 
 def estimate(report: dict[str, Any], policy: str, batch_size: int,
@@ -92,8 +64,7 @@ def estimate(report: dict[str, Any], policy: str, batch_size: int,
   oneDNN's rewrite)."""
   params = report["params"]
   mixed = policy.startswith("mixed_")
-  compute = {"mixed_float16": "float16", "mixed_bfloat16": "bfloat16"}.get(policy,
-                                                                          "float32")
+  compute = config.POLICY_DTYPE.get(policy, "float32")
   working = "float32" if emulated_16bit else compute
   activations = sum(l.get("output_elements", 0) * _bytes(l, i, report, working)
                     for i, l in enumerate(report["layers"])) * ACTIVATION_FACTOR
@@ -123,8 +94,19 @@ def _bytes(layer: dict[str, Any], index: int, report: dict[str, Any],
   return 4 if forced else BYTES[compute]
 
 
-def largest_batch(est: Estimate, available_mb: float) -> int:
-  """The largest per-replica batch whose estimate fits in `available_mb` (0: none)."""
+def step_mb(est: Estimate | Line, batch_size: int) -> float:
+  """The step's memory at a per-replica batch beyond the baseline already in use."""
+  return est.fixed_mb + batch_size * est.per_example_mb - est.baseline_mb
+
+
+def fits(est: Estimate | Line, batch_size: int, available_mb: float) -> bool:
+  """Whether the step at `batch_size` fits in what is left (`available_mb`)."""
+  return step_mb(est, batch_size) <= available_mb
+
+
+def largest_batch(est: Estimate | Line, available_mb: float) -> int:
+  """The largest per-replica batch whose estimate fits in `available_mb` (0: none):
+  what is left plus the baseline, as `fits()` compares it."""
   room = available_mb - est.fixed_mb
   return max(0, int(room // est.per_example_mb)) if est.per_example_mb > 0 else 0
 

@@ -19,6 +19,9 @@ from absl import logging
 import psutil
 import tensorflow as tf
 
+from mpt.records import typed
+from mpt.records.machine import Utilisation
+
 
 def _open_nvml(nvml: Any | None) -> tuple[Any | None, list, str | None]:
   """(nvml module, device handles, why GPU figures are absent or None)."""
@@ -111,7 +114,8 @@ class Sampler:
     with self._lock:
       return {k: list(v) for k, v in self._totals.items()}
 
-  def stats(self) -> dict[str, dict[str, float]]:
-    """{figure: {"mean": ..., "max": ...}} over the whole run."""
-    return {k: {"mean": total / count, "max": peak}
-            for k, (count, total, peak) in sorted(self.state().items())}
+  def stats(self) -> Utilisation:
+    """Each figure's mean and max over the whole run (summary.json `util`)."""
+    return typed.from_dict(Utilisation, {
+        k: {"mean": total / count, "max": peak}
+        for k, (count, total, peak) in sorted(self.state().items())})

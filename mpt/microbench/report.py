@@ -65,10 +65,8 @@ def _peak_lines(r: dict[str, Any]) -> list[str]:
   return lines
 
 
-def format_report(r: dict[str, Any], other: dict[str, Any] | None = None,
-                  markdown: bool = False) -> str:
-  """The whole report as text (or Markdown for TensorBoard)."""
-  bar = "" if markdown else "\n"
+def _machine_lines(r: dict[str, Any], bar: str) -> list[str]:
+  """The CPU, its ISA, the GPUs, TensorFlow's build and oneDNN, the kernel table."""
   lines = [f"CPU: {r['cpu']['name']} ({r['cpu']['logical_cpus']} logical CPUs, "
            f"{r['cpu']['physical_cores'] or '?'} cores, "
            f"{_fmt(r['cpu']['mhz'], '.0f')} MHz; from {r['cpu']['source']})",
@@ -91,10 +89,13 @@ def format_report(r: dict[str, Any], other: dict[str, Any] | None = None,
                  f"REF = oneDNN's reference kernel; {k.get('seconds') or '?'} s"
                  + (f"; {k['note']}" if k.get("note") else "") + "):")
     lines += kernels.format_table(k)
-  lines.append(bar + "Peak (theoretical), judged by the best rate measured:")
-  lines += _peak_lines(r)
+  return lines
+
+
+def _accuracy_lines(r: dict[str, Any], bar: str) -> list[str]:
+  """FMA against multiply-then-add, and 16-bit dot products' accumulation."""
   ex = r["fma_example"]
-  lines.append(bar + "FMA vs multiply-then-add, against exact arithmetic:")
+  lines = [bar + "FMA vs multiply-then-add, against exact arithmetic:"]
   for f in r["fma"]:
     lines.append(f"  {f['dtype']}: {f['differ_share']:.1%} of {f['triples']} triples "
                  f"differ; fused max {f['fused_max_ulps']:.2f} / mean "
@@ -107,7 +108,12 @@ def format_report(r: dict[str, Any], other: dict[str, Any] | None = None,
     lines.append(f"  {d['dtype']} length {d['length']}: acc16 mean "
                  f"{d['acc16_mean_ulps']:.2f} max {d['acc16_max_ulps']:.1f}; acc32 mean "
                  f"{d['acc32_mean_ulps']:.2f} max {d['acc32_max_ulps']:.1f}")
-  lines.append(bar + "Elementwise (SIMD width), G elements/s | GB/s:")
+  return lines
+
+
+def _rate_lines(r: dict[str, Any], other: dict[str, Any] | None, bar: str) -> list[str]:
+  """Elementwise rates, then GFLOP/s per op (and `other`'s, with the ratio)."""
+  lines = [bar + "Elementwise (SIMD width), G elements/s | GB/s:"]
   for row in r["simd"]:
     lines.append(f"  {row['op']:<16} {row['lib']:<10} {row['dtype']:<8} "
                  f"{row['elements_per_s'] / 1e9:7.2f} | {row['bytes_per_s'] / 1e9:6.1f}")
@@ -125,6 +131,17 @@ def format_report(r: dict[str, Any], other: dict[str, Any] | None = None,
       ratio = o / row["gflops"] if o and row.get("gflops") else None
       cell += f"  | {_fmt(o):>8}  x{_fmt(ratio, '.2f')}"
     lines.append(cell)
+  return lines
+
+
+def format_report(r: dict[str, Any], other: dict[str, Any] | None = None,
+                  markdown: bool = False) -> str:
+  """The whole report as text (or Markdown for TensorBoard)."""
+  bar = "" if markdown else "\n"
+  lines = _machine_lines(r, bar)
+  lines.append(bar + "Peak (theoretical), judged by the best rate measured:")
+  lines += _peak_lines(r)
+  lines += _accuracy_lines(r, bar) + _rate_lines(r, other, bar)
   text = "\n".join(lines)
   return f"```\n{text}\n```" if markdown else text
 

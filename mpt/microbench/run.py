@@ -20,6 +20,8 @@ from typing import Any
 
 from mpt import config
 from mpt import console
+from mpt import files
+from mpt import flagvalues
 from mpt.errors import UserError
 from mpt.machine import ceilings
 from mpt.machine import kernels
@@ -36,23 +38,24 @@ FULL = {"simd_n": 1 << 24, "fma_n": 10000, "dots": ((4, 1000), (64, 100)),
         "min_time": 0.3}
 
 
-def parse_list(spec: str, flag: str, valid=None, kind=str) -> list:
-  """A comma-separated flag value -> list; UserError naming what is wrong."""
-  items = [s.strip() for s in spec.split(",")] if spec.strip() else []
-  if not items or "" in items:
-    raise UserError(f"--{flag}={spec!r} must be a comma-separated list")
-  if len(set(items)) != len(items):
-    raise UserError(f"--{flag}={spec!r} lists a value twice")
-  if kind is int:
-    try:
-      values = [int(s) for s in items]
-    except ValueError:
-      raise UserError(f"--{flag}={spec!r} must list whole numbers") from None
-    bad = [v for v in values if v < 1 or v > 16384]
-    if bad:
-      raise UserError(f"--{flag}: size {bad[0]} is out of range 1..16384")
-    return values
-  unknown = [s for s in items if valid and s not in valid]
+def parse_sizes(spec: str, flag: str) -> list[int]:
+  """A list flag of matrix sizes, each 1..16384; UserError naming what is wrong."""
+  # Read as text first: a size listed twice is said before one that is no number.
+  items = flagvalues.parse_list(spec, flag)
+  try:
+    values = [int(s) for s in items]
+  except ValueError:
+    raise UserError(f"--{flag}={spec!r} must list whole numbers") from None
+  bad = [v for v in values if v < 1 or v > 16384]
+  if bad:
+    raise UserError(f"--{flag}: size {bad[0]} is out of range 1..16384")
+  return values
+
+
+def parse_dtypes(spec: str, flag: str, valid: tuple[str, ...]) -> list[str]:
+  """A list flag of dtypes among `valid`; UserError naming what is wrong."""
+  items = flagvalues.parse_list(spec, flag)
+  unknown = [s for s in items if s not in valid]
   if unknown:
     raise UserError(f"--{flag}: unknown dtype {unknown[0]!r}; valid: {', '.join(valid)}")
   return items
@@ -124,9 +127,9 @@ def run(cfg: config.Config, opts: options_lib.MicrobenchOptions) -> dict[str, An
   from mpt.microbench import throughput  # TensorFlow: imported when measuring.
   config.validate(cfg)
   config.validate(opts)
-  sizes = parse_list(opts.microbench_sizes, "microbench_sizes", kind=int)
-  dtypes = parse_list(opts.microbench_dtypes, "microbench_dtypes",
-                      valid=throughput.GEMM_DTYPES)
+  sizes = parse_sizes(opts.microbench_sizes, "microbench_sizes")
+  dtypes = parse_dtypes(opts.microbench_dtypes, "microbench_dtypes",
+                        throughput.GEMM_DTYPES)
   rundir.check_root(cfg)
   other = None
   if opts.compare_python:  # First: an interpreter without TF is said before the
@@ -142,7 +145,7 @@ def run(cfg: config.Config, opts: options_lib.MicrobenchOptions) -> dict[str, An
   if other:
     summary["compare"] = {"python": opts.compare_python, "results": other}
   print(report.format_report(results, other), flush=True)
-  rundir.write_json(run_dir / "microbench.json", summary)
+  files.write_json(run_dir / "microbench.json", summary)
   drawn = report.write_events(run_dir, results, other)
   if drawn != "microbench.png":
     print(f"mpt: {drawn}", flush=True)

@@ -24,6 +24,7 @@ from typing import Callable
 
 import keras
 
+from mpt import flagvalues
 from mpt.errors import UserError
 from mpt.models import external
 
@@ -106,10 +107,7 @@ def parse_opts(name: str, spec: str) -> dict:
   accepted = [p for p in params if p not in ("input_shape", "num_classes")
               and p not in RUN_OPTIONS]
   opts = {}
-  for item in spec.split(","):
-    key, eq, value = (s.strip() for s in item.partition("="))
-    if not eq or not key:
-      raise UserError(f"--model_opts={spec!r}: {item!r} is not key=value")
+  for key, value in flagvalues.parse_kv(spec, "model_opts"):
     if key not in accepted:
       raise UserError(f"model {name!r} has no option {key!r}; accepted: "
                       f"{', '.join(accepted) or 'none'}")
@@ -118,8 +116,7 @@ def parse_opts(name: str, spec: str) -> dict:
     # as one, else the string.
     kind = type(default) if default not in (None, inspect.Parameter.empty) else _literal
     try:
-      opts[key] = ({"true": True, "false": False}[value.lower()] if kind is bool
-                   else kind(value))
+      opts[key] = flagvalues.parse_bool(value) if kind is bool else kind(value)
     except (ValueError, KeyError):
       raise UserError(f"--model_opts: {key}={value!r} is not a {kind.__name__}") from None
   return opts
@@ -129,8 +126,6 @@ def classifier_head(x, num_classes: int):
   """Logits in the policy's dtype, softmax forced to float32 (the model's output)."""
   x = keras.layers.Dense(num_classes, name="logits")(x)
   return keras.layers.Activation("softmax", dtype="float32", name="probs")(x)
-
-
 
 
 # The variants register themselves on import (after the registry above exists).

@@ -44,6 +44,8 @@ class FusedBatchNormalization(keras.layers.Layer):
     if rank != 4:  # The fused kernel takes NHWC images; others as 1x1 images.
       shape = tf.shape(x)
       x = tf.reshape(x, [-1, 1, 1, x.shape[-1]])
+    # The fused kernel's one public entry in TF 2.21 is tf.compat.v1 (fenced in
+    # tests/test_architecture.py).
     if training:
       y, mean, variance = tf.compat.v1.nn.fused_batch_norm(
           x, self.gamma, self.beta, epsilon=self.epsilon, is_training=True)

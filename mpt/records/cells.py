@@ -11,14 +11,11 @@ run's summary.json (`figures_from_summary`), read through mpt/records/summary.py
 
 import csv
 import dataclasses
-import importlib.metadata
 import pathlib
 from typing import Any
 
-from mpt.machine import isa
 from mpt.records import csvrow
 from mpt.records import summary as summary_lib
-
 
 
 @dataclasses.dataclass
@@ -41,7 +38,7 @@ class Cell:
   device: str = ""
   error: str = ""  # Why a cell did not finish: its last error line.
   run_dir: str = ""
-  # What the numbers were measured on (`environment()`).
+  # What the numbers were measured on (mpt/machine/hardware.py's `environment()`).
   tf_version: str = ""
   cpu: str = ""
   cpu_isa: str = ""
@@ -101,22 +98,11 @@ def append_csv(path: pathlib.Path, cell: Cell) -> None:
     f.flush()
 
 
-def environment() -> dict[str, str]:
-  """What the numbers were measured on (without importing TensorFlow)."""
-  cpu = isa.detect()
-  try:
-    tf_version = importlib.metadata.version("tensorflow")
-  except importlib.metadata.PackageNotFoundError:
-    tf_version = "?"
-  return {"tf_version": tf_version, "cpu": cpu.name,
-          "cpu_isa": " ".join(k for k, v in cpu.isa().items() if v)}
-
-
 def figures_from_summary(path: pathlib.Path) -> dict[str, Any]:
   """A finished cell's figures, from its run's summary.json (Cell fields)."""
   s = summary_lib.read(path)
-  util = s.util or {}
+  rss, cpu = (s.util.rss_mb, s.util.process_cpu_percent) if s.util else (None, None)
   return {"ms_per_step": s.ms_per_step, "images_per_sec": s.images_per_sec,
           "val_accuracy": s.val_accuracy, "device": s.device or "",
-          "peak_rss_mb": util.get("rss_mb", {}).get("max"),
-          "cpu_percent": util.get("process_cpu_percent", {}).get("mean")}
+          "peak_rss_mb": rss.max if rss else None,
+          "cpu_percent": cpu.mean if cpu else None}

@@ -13,18 +13,17 @@ writer.
 
 import dataclasses
 import hashlib
-import importlib.metadata
 import json
-import os
 import pathlib
 from typing import Any
 
+from mpt import files
+from mpt import config
 from mpt.config import Config
-from mpt.machine import isa
-from mpt.records import rundir
+from mpt.records import typed
 
 SCHEMA = 1
-POLICIES = ("float32", "mixed_bfloat16", "mixed_float16")
+POLICIES = tuple(config.POLICY_DTYPE)  # float32 first: the baseline measures first.
 # A run of fewer steps costs about as much as measuring its step per policy (three
 # traces and first calls, a dozen steps): neither the cost nor the oneDNN choice is
 # measured for it.
@@ -73,11 +72,7 @@ class Cost:
 
   @classmethod
   def from_dict(cls, data: dict[str, Any]) -> "Cost":
-    known = {f.name for f in dataclasses.fields(PolicyCost)}
-    rows = [PolicyCost(**{k: v for k, v in p.items() if k in known})
-            for p in data.get("policies", [])]
-    fields = {f.name for f in dataclasses.fields(cls)} - {"policies"}
-    return cls(policies=rows, **{k: v for k, v in data.items() if k in fields})
+    return typed.from_dict(cls, data)
 
 
 @dataclasses.dataclass
@@ -98,8 +93,7 @@ class OnednnChoice:
 
   @classmethod
   def from_dict(cls, data: dict[str, Any]) -> "OnednnChoice":
-    known = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{k: v for k, v in data.items() if k in known})
+    return typed.from_dict(cls, data)
 
   def label(self) -> str:
     return "unknown" if self.on is None else "on" if self.on else "off"
@@ -120,28 +114,20 @@ def device_batch(cfg: Config) -> int:
   return max(1, cfg.batch_size // replicas)
 
 
-def tf_version() -> str:
-  """The installed TensorFlow's version, without importing it."""
-  try:
-    return importlib.metadata.version("tensorflow")
-  except importlib.metadata.PackageNotFoundError:
-    return "?"
-
-
-def key_for(cfg: Config, onednn: bool | None) -> dict[str, Any]:
+def key_for(cfg: Config, onednn: bool | None, cpu) -> dict[str, Any]:
   """What makes two measurements interchangeable: the model's signature, the device
-  batch, the machine, TensorFlow and the oneDNN setting (the classifier's width is not
-  in it: the head is measured with 10 classes, a small share of any step)."""
-  cpu = isa.detect()
+  batch, the machine (`cpu`: mpt/machine/isa.py's detect()), TensorFlow and the oneDNN
+  setting (the classifier's width is not in it: the head is measured with 10 classes,
+  a small share of any step)."""
   return {"model": cfg.model, "model_opts": cfg.model_opts, "image_size": cfg.image_size,
           "batch": device_batch(cfg), "batchnorm": cfg.batchnorm,
           "jit_compile": cfg.jit_compile, "cpu": cpu.name,
-          "logical_cpus": cpu.logical_cpus, "tf_version": tf_version(),
+          "logical_cpus": cpu.logical_cpus, "tf_version": files.tf_version(),
           "onednn": onednn}
 
 
 def cache_path(key: dict[str, Any]) -> pathlib.Path:
-  root = pathlib.Path(os.environ.get("MPT_CACHE", "~/.cache/mpt")).expanduser()
+  root = files.cache_root()
   digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
   return root / "cost" / f"{key['model'].replace(':', '_').replace('/', '_')}-{digest}.json"
 
@@ -173,7 +159,7 @@ def save(cost: Cost) -> pathlib.Path | None:
     return None
   path = cache_path(cost.key)
   path.parent.mkdir(parents=True, exist_ok=True)
-  rundir.write_json(path, {**cost.to_dict(), "source": "measured"})
+  files.write_json(path, {**cost.to_dict(), "source": "measured"})
   return path
 
 
@@ -186,4 +172,4 @@ def read_choice(path: pathlib.Path) -> OnednnChoice:
 
 
 def write(path: pathlib.Path, obj: Cost | OnednnChoice) -> None:
-  rundir.write_json(pathlib.Path(path), obj.to_dict())
+  files.write_json(pathlib.Path(path), obj.to_dict())

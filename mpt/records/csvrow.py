@@ -1,7 +1,8 @@
 """Reading a typed CSV row back: the one parser of the dataclass rows of sweep.csv
 (cells.py) and runs.csv (runs.py). A column's text becomes its field's type (bool,
 int, float or str, each possibly `| None`); a missing or empty column takes the
-field's default. Bools are written True/False; a hand-edited file may say true or 1.
+field's default. Bools are written True/False; a hand-edited file may say true or 1
+(mpt/flagvalues.py's `parse_bool`, leniently: any other text is false).
 """
 
 import dataclasses
@@ -9,7 +10,7 @@ import types
 import typing
 from typing import Any
 
-TRUE = ("true", "1")
+from mpt import flagvalues
 
 
 def _kind(annotation) -> type:
@@ -27,5 +28,6 @@ def parse(cls, row: dict[str, str]) -> Any:
     if text in ("", None):
       continue
     kind = _kind(f.type)
-    values[f.name] = text.lower() in TRUE if kind is bool else kind(text)
+    values[f.name] = (flagvalues.parse_bool(text, lenient=True) if kind is bool
+                      else kind(text))
   return cls(**values)

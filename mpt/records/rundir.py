@@ -1,20 +1,24 @@
-"""Run folders: one fresh folder per run under the logs root, and atomic file writes.
+"""Run folders: one fresh folder per run under the logs root.
 
 A run never overwrites an earlier one: the folder is created with `mkdir` (atomic, so
 two runs started at once cannot share it) and gets a `-1`, `-2`, ... suffix when the
-name is taken. Files that other tools read (summary.json) are written to a temporary
-name and renamed, so a reader never sees half a file.
+name is taken. The files in it that other tools read (summary.json) are written
+atomically by mpt/files.py's `write_json`.
 """
 
 import datetime
-import json
 import os
 import pathlib
 import re
-from typing import Any
+from typing import Callable
 
 from mpt.config import Config
 from mpt.errors import UserError
+
+# What mpt/main.py hands a wing to run on a finished run or sweep folder (the
+# diagnosis, which no wing imports): its Markdown for the run's TensorBoard text, or
+# None.
+AfterRun = Callable[[pathlib.Path], str | None]
 
 
 def default_name(cfg: Config, mode: str = "train") -> str:
@@ -58,9 +62,3 @@ def create(cfg: Config, mode: str = "train") -> pathlib.Path:
     raise UserError(f"cannot create a run folder under --logdir={str(root)!r}: "
                     f"{e.strerror or e}") from None
   raise UserError(f"too many runs named {name!r} under {root}")
-
-
-def write_json(path: pathlib.Path, obj: Any) -> None:
-  tmp = path.with_name(f".{path.name}.tmp")
-  tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
-  os.replace(tmp, path)

@@ -2,10 +2,15 @@
 
 `RunSummary` is the only writer and `read()` the only reader of the file: the training
 run fills it in, the sweep takes a cell's figures from it, the diagnosis reads the
-run it explains and the float32 run it compares with. `schema_version` 2 added the
-version itself and `message`; a file without a version (written before) is version 1
-and reads with the defaults below, in this one place. Keys a newer mpt wrote and this
-one does not know are dropped on reading.
+run it explains and the float32 run it compares with, all as types: its sub-records
+are the dataclasses of mpt/records/ (verdict.py, memory.py, machine.py, cost.py),
+read back through mpt/records/typed.py.
+
+Old files read, by one set of rules in `upgrade()`: a file without a version is
+version 1 (its missing fields take the defaults below); version 2 added the version
+itself and `message`; version 3 named the policy verdict for what it holds
+(`policy_verdict`, written as `kernels` before). Keys a newer mpt wrote and this one
+does not know are dropped on reading.
 """
 
 import dataclasses
@@ -14,16 +19,21 @@ import pathlib
 from typing import Any
 
 from mpt.errors import UserError
-from mpt.records import rundir
+from mpt import files
+from mpt.records import typed
+from mpt.records.cost import Cost, OnednnChoice
+from mpt.records.machine import Hardware, Utilisation
+from mpt.records.memory import MemoryPlan
+from mpt.records.verdict import PolicyChoice, PolicyVerdict
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 STATUSES = ("completed", "interrupted", "diverged", "oom", "failed")
 # Two runs are the same configuration, apart from their policy and loop, when these
 # fields are equal: a float32 run so is the baseline of a 16-bit one (the diagnosis'
 # and `--mode=compare`'s speed-up vs float32).
 SAME_CONFIG = ("model", "model_opts", "image_size", "batch_size", "dataset", "strategy",
                "jit_compile", "device", "input_work", "batchnorm", "onednn")
-Stats = dict[str, Any]
+Stats = dict[str, Any]  # median/mean/... of a figure.
 
 
 @dataclasses.dataclass
@@ -80,24 +90,24 @@ class RunSummary:
   skipped_steps: int = 0
   slow_path_warning: str | None = None
   # The measured verdict on the policy here (mpt/machine/fastpath.py): evidence
-  # (probe or flags), ratio to float32, the worst op and its kernel, the policy
+  # (cost, probe or flags), ratio to float32, the worst op and its kernel, the policy
   # measured fastest, the table's source. None: written before mpt measured it.
-  kernels: dict[str, Any] | None = None
+  policy_verdict: PolicyVerdict | None = None
   # --policy=auto: each candidate's timed steps, the choice, what choosing cost.
-  policy_choice: dict[str, Any] | None = None
-  # This model's step timed under each policy before step 1 (mpt/records/cost.py's
-  # Cost: predicted ms/step per policy, what was timed, what measuring cost). None:
-  # not measured (a short run, a stand-in of none, or written before mpt measured it).
-  cost: dict[str, Any] | None = None
+  policy_choice: PolicyChoice | None = None
+  # This model's step timed under each policy before step 1 (predicted ms/step per
+  # policy, what was timed, what measuring cost). None: not measured (a short run, a
+  # stand-in of none, or written before mpt measured it).
+  cost: Cost | None = None
   # TF's oneDNN rewrite: "on"/"off" as TF reported it in the run (None: written
   # before mpt recorded it), the variable as the run saw it, and why (OnednnChoice).
   onednn: str | None = None
   tf_enable_onednn_opts: str | None = None
-  onednn_choice: dict[str, Any] | None = None
+  onednn_choice: OnednnChoice | None = None
   # Memory: the preflight's estimate (this policy's breakdown, every policy's total,
   # what was available) and the measured peak (peak_rss_mb; gpu_peak_mb on a GPU),
   # with estimate_over_measured. None: written before mpt estimated memory.
-  memory: dict[str, Any] | None = None
+  memory: MemoryPlan | None = None
   flops_share_16bit: float | None = None
   # FLOP rates: the run's, the machine's peak, the microbenchmark's measured rate.
   flops_per_step: int | None = None
@@ -110,13 +120,13 @@ class RunSummary:
       default_factory=dict)
   achieved_vs_microbench: float | None = None
   # Utilisation and checkpoints.
-  util: dict[str, Stats] | None = None
+  util: Utilisation | None = None
   gpu_util_absent: bool | None = None
   checkpoint: str | None = None
   checkpoint_ms: Stats | None = None
   # The machine and the software.
   device: str | None = None
-  hardware: dict[str, Any] = dataclasses.field(default_factory=dict)
+  hardware: Hardware | None = None  # None: written before mpt recorded it.
   tf_version: str | None = None
   keras_version: str | None = None
   python_version: str | None = None
@@ -130,18 +140,74 @@ class RunSummary:
   schema_version: int = SCHEMA_VERSION
 
   def to_dict(self) -> dict[str, Any]:
-    return dataclasses.asdict(self)
+    return typed.to_dict(self)
 
   def write(self, path: pathlib.Path) -> None:
     """Writes summary.json atomically (a reader never sees half a file)."""
-    rundir.write_json(path, self.to_dict())
+    files.write_json(path, self.to_dict())
 
   @classmethod
-  def from_dict(cls, data: dict[str, Any]) -> "RunSummary":
-    known = {f.name for f in dataclasses.fields(cls)}
-    values = {k: v for k, v in data.items() if k in known}
-    values.setdefault("schema_version", 1)  # Written before the version existed.
-    return cls(**values)
+  def from_dict(cls, data: dict[str, Any],
+                unknown: list[str] | None = None) -> "RunSummary":
+    """Any version's summary.json, as this version's record; `unknown` collects the
+    keys it has no field for (mpt/records/typed.py)."""
+    return typed.from_dict(cls, upgrade(data), unknown)
+
+  # Figures derived from the record, for every reader.
+  def speedup_vs(self, baseline: "RunSummary | None") -> float | None:
+    """`baseline`'s ms/step over this run's: > 1 means this run is faster."""
+    ms, base = self.ms_per_step, baseline.ms_per_step if baseline else None
+    return base / ms if ms and base else None
+
+  @property
+  def gpu_caps(self) -> list[tuple[int, int]]:
+    return self.hardware.gpu_caps if self.hardware else []
+
+  def busy(self) -> tuple[float | None, str]:
+    """(busy share of the training device, what was measured), from the sampler."""
+    return self.util.busy(self.hardware) if self.util else (None, "")
+
+  def others(self) -> float | None:
+    """Share of all CPU cores other processes used during the run."""
+    return self.util.others(self.hardware) if self.util else None
+
+
+def achieved_gflops(flops_per_step: float | None,
+                    ms_per_step: float | None) -> float | None:
+  """The FLOP rate a training step achieved, in GFLOP/s; None without both figures."""
+  if not flops_per_step or not ms_per_step:
+    return None
+  return flops_per_step / ms_per_step * 1e3 / 1e9
+
+
+def upgrade(data: dict[str, Any]) -> dict[str, Any]:
+  """An older version's summary.json as this version's keys: the one place that
+  knows what each version wrote."""
+  data = dict(data)
+  version = data.setdefault("schema_version", 1)  # Written before the version existed.
+  if version < 3 and "kernels" in data:  # The policy verdict's name before version 3.
+    data["policy_verdict"] = data.pop("kernels")
+  if not data.get("hardware"):  # Versions 1-2 wrote {} when nothing was recorded.
+    data.pop("hardware", None)
+  return data
+
+
+def same_config(a: RunSummary, b: RunSummary, but: tuple[str, ...] = ()) -> bool:
+  """Whether two runs are the same configuration (SAME_CONFIG), apart from `but`."""
+  return all(getattr(a, k) == getattr(b, k) for k in SAME_CONFIG if k not in but)
+
+
+def baseline_of(summary: RunSummary, candidates):
+  """The float32 run `summary` is compared with: among `candidates`, (RunSummary,
+  mtime, item) triples of finished, timed runs, the item of the newest float32 run of
+  the same configuration, the same loop preferred; None for a float32 run itself or
+  when there is none."""
+  if summary.policy == "float32":
+    return None
+  found = [((other.loop == summary.loop, mtime), item)
+           for other, mtime, item in candidates
+           if other.policy == "float32" and same_config(other, summary)]
+  return max(found, key=lambda f: f[0])[1] if found else None
 
 
 def read(path: pathlib.Path) -> RunSummary:
@@ -152,4 +218,7 @@ def read(path: pathlib.Path) -> RunSummary:
     raise UserError(f"{path} cannot be read as JSON: {e}") from None
   if not isinstance(data, dict):
     raise UserError(f"{path} is not a run summary (a JSON object)")
-  return RunSummary.from_dict(data)
+  try:
+    return RunSummary.from_dict(data)
+  except ValueError as e:  # A sub-record that is not one.
+    raise UserError(f"{path} is not a run summary: {e}") from None

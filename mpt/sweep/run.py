@@ -26,7 +26,6 @@ TensorBoard HParams runs.
 import dataclasses
 import hashlib
 import itertools
-import json
 import os
 import pathlib
 import shutil
@@ -34,15 +33,20 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any, Callable
+from typing import Any
 
 from mpt import config
 from mpt import console
+from mpt import flagvalues
 from mpt import supervisor
 from mpt import injection
 from mpt.errors import UserError
+from mpt.machine import hardware
 from mpt.records import cells as cells_lib
+from mpt.records import summary as summary_lib
 from mpt.records.cells import Cell
+from mpt.records.memory import MemoryPlan
+from mpt.records.rundir import AfterRun
 from mpt.sweep import report as sweep_report
 from mpt.sweep.options import SweepOptions
 
@@ -64,7 +68,6 @@ OTHER_MODES_IN_NAME = {"run": "", "microbench_sizes": "256,512,1024,2048",
 NEWER_FLAGS = config.FLAGS_ADDED_LATER
 FINISHED = ("ok", "OOM", "OOM (predicted)")
 # mpt/main.py's step after the sweep: the diagnosis of the folder (Markdown, or None).
-AfterRun = Callable[[pathlib.Path], str | None]
 
 
 def _parse_axis(cfg: config.Config, opts: SweepOptions, name: str) -> list:
@@ -72,17 +75,10 @@ def _parse_axis(cfg: config.Config, opts: SweepOptions, name: str) -> list:
   spec = getattr(opts, name)
   if not spec:
     return [getattr(cfg, field)]
-  items = [s.strip() for s in spec.split(",")]
-  if "" in items:
-    raise UserError(f"--{name}={spec!r} has an empty item; use a comma-separated list")
-  try:
-    values = [kind(s) if kind is not bool else {"true": True, "false": False}[s.lower()]
-              for s in items]
-  except (ValueError, KeyError):
-    what = {int: "whole numbers", bool: "true/false"}.get(kind, "values")
-    raise UserError(f"--{name}={spec!r} must list {what}") from None
-  if len(set(values)) != len(values):
-    raise UserError(f"--{name}={spec!r} lists a value twice")
+  values = flagvalues.parse_list(
+      spec, name, flagvalues.parse_bool if kind is bool else kind,
+      what={int: "whole numbers", bool: "true/false"}.get(kind, "values"),
+      empty="has an empty item; use a comma-separated list")
   for value in values:  # Each value goes through the single-run checks.
     try:
       config.validate(dataclasses.replace(cfg, **{field: value}))
@@ -180,29 +176,28 @@ def run_cell(cfg: config.Config, cell: Cell, out: pathlib.Path,
   return ended("ok", **cells_lib.figures_from_summary(run_dir / "summary.json"))
 
 
-def predicted_oom(plans: dict[tuple, dict], cell: Cell) -> str | None:
+def predicted_oom(plans: dict[tuple, MemoryPlan], cell: Cell) -> str | None:
   """Why `cell` will not fit, from the memory estimate a finished cell of the same
   model and image size recorded (summary.json's `memory`: each policy's fixed and
   per-example megabytes, and what was available); None if it fits or is unknown."""
   plan = plans.get((cell.model, cell.image_size))
-  row = (plan or {}).get("policies", {}).get(cell.policy)
-  if not row:
+  line = plan.policies.get(cell.policy) if plan else None
+  if not line:
     return None
   from mpt.measure import memory  # psutil only: no TensorFlow here.
   available, where = memory.available_mb()
-  total = row["fixed_mb"] + cell.batch_size * row["per_example_mb"]
-  if total - row["baseline_mb"] <= available:
+  if memory.fits(line, cell.batch_size, available):
     return None
-  largest = int((available + row["baseline_mb"] - row["fixed_mb"]) // row["per_example_mb"])
-  return (f"needs ~{memory.human(total)}, {memory.human(available)} {where}; largest "
-          f"batch that fits ~{max(largest, 0)}")
+  largest = memory.largest_batch(line, available + line.baseline_mb)
+  return (f"needs ~{memory.human(line.total_mb(cell.batch_size))}, "
+          f"{memory.human(available)} {where}; largest batch that fits ~{largest}")
 
 
-def _learn_plan(plans: dict[tuple, dict], cell: Cell) -> None:
+def _learn_plan(plans: dict[tuple, MemoryPlan], cell: Cell) -> None:
   path = pathlib.Path(cell.run_dir or "") / "summary.json"
   if cell.status == "ok" and path.exists():
-    mem = json.loads(path.read_text()).get("memory") or {}
-    if mem.get("policies"):
+    mem = summary_lib.read(path).memory
+    if mem and mem.policies:
       plans[(cell.model, cell.image_size)] = mem
 
 
@@ -210,28 +205,21 @@ def _stop(signum, frame):
   raise KeyboardInterrupt
 
 
-def run(cfg: config.Config, opts: SweepOptions,
-        after_run: AfterRun | None = None) -> dict[str, Any]:
-  """`--mode=sweep`: runs the missing cells, then writes and prints the report.
-
-  `after_run(folder)`, when given, runs last on the sweep folder (mpt/main.py passes
-  the diagnosis, which a wing does not import).
-  """
+def _check(cfg: config.Config, opts: SweepOptions) -> None:
+  """What fails the whole sweep before any cell runs (UserError)."""
   config.validate(cfg)
   config.validate(opts)
   if cfg.policy == "auto" or "auto" in [p.strip() for p in opts.policies.split(",")]:
     raise UserError("--policy=auto is for single runs; a sweep measures every policy "
                     "anyway: --policies=float32,mixed_bfloat16,mixed_float16")
   injection.injected_faults()  # A malformed MPT_INJECT_FAULT would fail every cell.
-  todo = cells(cfg, opts)
-  out = sweep_dir(cfg, opts)
-  out.mkdir(parents=True, exist_ok=True)
-  csv_path = out / "sweep.csv"
-  done = {} if cfg.force else {c.id: c for c in cells_lib.read_csv(csv_path)
-                                if c.status in FINISHED}
-  env = cells_lib.environment()
-  print(f"mpt: sweep of {len(todo)} cells in {out} ({len(done)} already finished)",
-        flush=True)
+
+
+def _run_cells(cfg: config.Config, opts: SweepOptions, todo: list[Cell],
+               done: dict[str, Cell], out: pathlib.Path) -> tuple[list[Cell], str]:
+  """Runs the cells not `done`, in table order, appending each to sweep.csv as it
+  ends; (every cell, "completed" or "interrupted")."""
+  csv_path, env = out / "sweep.csv", hardware.environment()
   results, status = [], "completed"
   # Ctrl-C and SIGTERM stop the sweep (and the running cell) even when SIGINT was
   # inherited as ignored, as it is for a job started with `&` from a script or CI
@@ -240,7 +228,7 @@ def run(cfg: config.Config, opts: SweepOptions,
   # Cells run smallest batch first within a model and size (the axes' order), and
   # each finished one tells the memory of the rest: a cell that will not fit is
   # recorded without being started (its own preflight refuses the first one).
-  plans: dict[tuple, dict] = {}
+  plans: dict[tuple, MemoryPlan] = {}
   started, ran, to_run = time.perf_counter(), 0, len(todo) - len(done)
   try:
     for i, cell in enumerate(todo, 1):
@@ -252,16 +240,14 @@ def run(cfg: config.Config, opts: SweepOptions,
       if why:  # Not started: it would not fit (--force runs it).
         cell = dataclasses.replace(cell, status="OOM (predicted)", error=why, **env)
         print(f"OOM (predicted): {why}", flush=True)
-        cells_lib.append_csv(csv_path, cell)
-        results.append(cell)
-        continue
-      cell = dataclasses.replace(run_cell(cfg, cell, out, opts.cell_timeout or None),
-                                 **env)
-      _learn_plan(plans, cell)
-      ran += 1
-      left = console.eta(ran, to_run, time.perf_counter() - started)
-      print((f"{cell.ms:.1f} ms/step" if cell.ms else cell.status) +
-            (f" ({left})" if left else ""), flush=True)
+      else:
+        cell = dataclasses.replace(
+            run_cell(cfg, cell, out, opts.cell_timeout or None), **env)
+        _learn_plan(plans, cell)
+        ran += 1
+        left = console.eta(ran, to_run, time.perf_counter() - started)
+        print((f"{cell.ms:.1f} ms/step" if cell.ms else cell.status) +
+              (f" ({left})" if left else ""), flush=True)
       cells_lib.append_csv(csv_path, cell)
       results.append(cell)
       if cell.status == "interrupted":
@@ -273,6 +259,12 @@ def run(cfg: config.Config, opts: SweepOptions,
   finally:
     for sig, handler in previous.items():
       signal.signal(sig, handler)
+  return results, status
+
+
+def _write_report(out: pathlib.Path, results: list[Cell], status: str,
+                  after_run: AfterRun | None) -> None:
+  """sweep.md, sweep.png and (by `after_run`) diagnosis.md; the table printed."""
   table = sweep_report.markdown(results)
   (out / "sweep.md").write_text(table)
   plot = sweep_report.plot(results, out / "sweep.png")
@@ -282,4 +274,23 @@ def run(cfg: config.Config, opts: SweepOptions,
     after_run(out)
     written.insert(2, "diagnosis.md")
   print(f"mpt: {status}: {out} ({', '.join(written)})", flush=True)
+
+
+def run(cfg: config.Config, opts: SweepOptions,
+        after_run: AfterRun | None = None) -> dict[str, Any]:
+  """`--mode=sweep`: runs the missing cells, then writes and prints the report.
+
+  `after_run(folder)`, when given, runs last on the sweep folder (mpt/main.py passes
+  the diagnosis, which a wing does not import).
+  """
+  _check(cfg, opts)
+  todo = cells(cfg, opts)
+  out = sweep_dir(cfg, opts)
+  out.mkdir(parents=True, exist_ok=True)
+  done = {} if cfg.force else {c.id: c for c in cells_lib.read_csv(out / "sweep.csv")
+                                if c.status in FINISHED}
+  print(f"mpt: sweep of {len(todo)} cells in {out} ({len(done)} already finished)",
+        flush=True)
+  results, status = _run_cells(cfg, opts, todo, done, out)
+  _write_report(out, results, status, after_run)
   return {"status": status, "run_dir": str(out), "cells": len(results)}

@@ -19,11 +19,12 @@ without timing anything.
 import math
 import statistics
 import time
-from typing import Any, Callable
+from typing import Callable
 
 import keras
 
 from mpt.config import Config
+from mpt.records.verdict import Candidate, PolicyChoice
 from mpt.train import precision
 from mpt.train import steps as steps_lib
 from mpt.train.data import Data
@@ -34,7 +35,7 @@ DOUBT = 1.5  # The prediction's error bound (measured within 1.5x, experiments/)
 
 
 def _time_policy(policy: str, cfg: Config, data: Data, strategy, build: Callable,
-                 steps: int, give_up_ms: float | None) -> dict[str, Any]:
+                 steps: int, give_up_ms: float | None) -> Candidate:
   keras.backend.clear_session()
   keras.utils.set_random_seed(cfg.seed)
   precision.set_policy(policy)
@@ -50,29 +51,25 @@ def _time_policy(policy: str, cfg: Config, data: Data, strategy, build: Callable
     loss = float(step.train_step(*next(batches))["loss"])
     times.append((time.perf_counter() - start) * 1e3)
     if i == 0 and give_up_ms is not None and times[0] > give_up_ms:
-      return {"policy": policy, "first_ms": times[0], "ms_per_step": None,
-              "finite": math.isfinite(loss), "dropped": f"first step > {DROP:g}x the "
-              f"best so far ({times[0]:.0f} ms)"}
-  return {"policy": policy, "first_ms": times[0],
-          "ms_per_step": statistics.median(times[1:]), "finite": math.isfinite(loss),
-          "dropped": None}
+      return Candidate(policy, times[0], None, math.isfinite(loss),
+                       f"first step > {DROP:g}x the best so far ({times[0]:.0f} ms)")
+  return Candidate(policy, times[0], statistics.median(times[1:]), math.isfinite(loss))
 
 
-def _untimed(predicted: dict[str, float] | None) -> dict[str, dict[str, Any]]:
+def _untimed(predicted: dict[str, float] | None) -> dict[str, Candidate]:
   """The candidates the prediction rules out, as rows that say why."""
   if not predicted or not all(predicted.get(p) for p in CANDIDATES):
     return {}
   best = min(predicted.values())
-  return {p: {"policy": p, "first_ms": None, "ms_per_step": None, "finite": True,
-              "predicted_ms": predicted[p],
-              "dropped": f"predicted {predicted[p] / best:.2g}x the fastest "
-                         f"(~{predicted[p]:,.0f} ms/step): not timed"}
+  return {p: Candidate(p, dropped=f"predicted {predicted[p] / best:.2g}x the fastest "
+                                 f"(~{predicted[p]:,.0f} ms/step): not timed",
+                       predicted_ms=predicted[p])
           for p in CANDIDATES if predicted[p] > DOUBT * best}
 
 
 def choose(cfg: Config, data: Data, strategy, build: Callable[[], keras.Model],
            steps: int = 3, predicted: dict[str, float] | None = None
-           ) -> tuple[str, dict[str, Any]]:
+           ) -> tuple[str, PolicyChoice]:
   """(the chosen policy, the record of the choice); `build()` makes the model;
   `predicted`: each policy's predicted ms/step, when measured."""
   start, rows, best_first = time.perf_counter(), [], None
@@ -83,39 +80,37 @@ def choose(cfg: Config, data: Data, strategy, build: Callable[[], keras.Model],
       rows.append(untimed[policy])
       continue
     if len(in_doubt) == 1:  # The prediction alone decides.
-      rows.append({"policy": policy, "first_ms": None, "finite": True,
-                   "ms_per_step": predicted[policy], "predicted_ms": predicted[policy],
-                   "dropped": None})
+      rows.append(Candidate(policy, ms_per_step=predicted[policy],
+                            predicted_ms=predicted[policy]))
       continue
     row = _time_policy(policy, cfg, data, strategy, build, steps,
                        DROP * best_first if best_first else None)
-    row["predicted_ms"] = (predicted or {}).get(policy)
+    row.predicted_ms = (predicted or {}).get(policy)
     rows.append(row)
-    if row["ms_per_step"] is not None and row["finite"]:
-      best_first = min(best_first or row["first_ms"], row["first_ms"])
-  usable = [r for r in rows if r["ms_per_step"] is not None and r["finite"]]
-  chosen = min(usable, key=lambda r: r["ms_per_step"])["policy"] if usable else "float32"
-  base = next((r["ms_per_step"] for r in rows if r["policy"] == "float32"), None)
+    if row.ms_per_step is not None and row.finite:
+      best_first = min(best_first or row.first_ms, row.first_ms)
+  usable = [r for r in rows if r.ms_per_step is not None and r.finite]
+  chosen = min(usable, key=lambda r: r.ms_per_step).policy if usable else "float32"
+  base = next((r.ms_per_step for r in rows if r.policy == "float32"), None)
   for r in rows:
-    r["vs_float32"] = base / r["ms_per_step"] if base and r["ms_per_step"] else None
+    r.vs_float32 = base / r.ms_per_step if base and r.ms_per_step else None
   keras.backend.clear_session()
-  return chosen, {"requested": "auto", "chosen": chosen,
-                  "steps_timed": steps if len(in_doubt) > 1 else 0,
-                  "candidates": rows, "seconds": round(time.perf_counter() - start, 2)}
+  return chosen, PolicyChoice("auto", chosen, steps if len(in_doubt) > 1 else 0, rows,
+                              round(time.perf_counter() - start, 2))
 
 
-def format_table(choice: dict[str, Any], markdown: bool = False) -> str:
+def format_table(choice: PolicyChoice, markdown: bool = False) -> str:
   """The candidates as a table: ms/step, speed vs float32, first step, why dropped."""
   head = "| policy | ms/step | speed vs float32 | first step ms | note |"
   lines = [head, "|---|---|---|---|---|"] if markdown else [head]
-  for r in choice["candidates"]:
-    ms = f"{r['ms_per_step']:.1f}" if r["ms_per_step"] else "-"
-    vs = f"{r['vs_float32']:.2f}x" if r["vs_float32"] else "-"
-    note = r["dropped"] or ("non-finite loss" if not r["finite"] else
-                            "chosen" if r["policy"] == choice["chosen"] else "")
-    first = f"{r['first_ms']:.0f}" if r["first_ms"] is not None else "-"
-    if r["first_ms"] is None and r["ms_per_step"] and not r["dropped"]:
+  for r in choice.candidates:
+    ms = f"{r.ms_per_step:.1f}" if r.ms_per_step else "-"
+    vs = f"{r.vs_float32:.2f}x" if r.vs_float32 else "-"
+    note = r.dropped or ("non-finite loss" if not r.finite else
+                         "chosen" if r.policy == choice.chosen else "")
+    first = f"{r.first_ms:.0f}" if r.first_ms is not None else "-"
+    if r.first_ms is None and r.ms_per_step and not r.dropped:
       note = "chosen on its predicted cost, not timed"
-    lines.append(f"| {r['policy']} | {ms} | {vs} | {first} | {note} |")
-  lines.append(f"choosing took {choice['seconds']:.1f} s")
+    lines.append(f"| {r.policy} | {ms} | {vs} | {first} | {note} |")
+  lines.append(f"choosing took {choice.seconds:.1f} s")
   return "\n".join(lines)

@@ -13,24 +13,32 @@ end: the timer counts the step, the writer logs it, the guard may stop a diverge
 before the checkpoint is written, a signal stops the run after it. At an epoch's
 begin the running metrics of a run resumed mid-epoch are put back; `MPT_KILL_AT`'s
 kill points (tests of resume) come last of all.
+
+`make(run)` builds them from the prepared run (mpt/train/prepare.py), with what the
+writer writes at the start (the run's texts and hparams) and what each checkpoint
+stores beside the weights.
 """
 
 import dataclasses
+import functools
 import statistics
-from typing import Any, Callable
+from typing import Any
 
 import keras
 import tensorflow as tf
 
+from mpt import config
 from mpt import console
 from mpt import injection
-from mpt.config import Config
+from mpt.measure import dtypes as dtypes_lib
 from mpt.measure import instrument
 from mpt.measure import profiler
-from mpt.measure import sampler as sampler_lib
+from mpt.train import autopolicy
 from mpt.train import checkpoint
 from mpt.train import guards
 from mpt.train import keras_fit
+from mpt.train import precision
+from mpt.train.prepare import Run
 
 
 class StepCounter(keras.callbacks.Callback):
@@ -73,49 +81,73 @@ class RunCallbacks:
             [self.stop] + kills)
 
 
-def make(cfg: Config, *, out_dir: str, profile_dir: str, start_step: int,
-         prior: dict[str, Any], window: tuple[int, int] | None,
-         fault_window: tuple[int, int] | None, ckpt: checkpoint.Checkpointer,
-         steps_per_epoch: int, sampler: sampler_lib.Sampler | None,
-         flops_per_step: int | None, loss_scale: Callable[[], float | None],
-         skipped_steps: Callable[[int], int], texts: dict[str, str],
-         hparams: dict[str, Any] | None,
-         state: Callable[[instrument.StepTimer, checkpoint.RunningMetrics],
-                         dict[str, Any]]) -> RunCallbacks:
-  """Builds the run's callbacks; `state(timer, metrics)` is what each checkpoint
-  stores. A resumed run (`start_step` > 0) writes no texts or hparams again: the
-  first attempt's stay in the event files."""
-  counter = StepCounter(start_step)
-  mid_epoch = start_step % steps_per_epoch
-  metrics = checkpoint.RunningMetrics(prior.get("metrics") if mid_epoch else None,
-                                      start_step // steps_per_epoch)
-  timer = instrument.StepTimer(cfg.warmup_steps, prior.get("timer"))
+def make(run: Run) -> RunCallbacks:
+  """Builds `run`'s callbacks. A resumed run (`start_step` > 0) writes no texts or
+  hparams again: the first attempt's stay in the event files."""
+  cfg, spe, optimizer = run.cfg, run.data.steps_per_epoch, run.optimizer
+  counter = StepCounter(run.start_step)
+  mid_epoch = run.start_step % spe
+  metrics = checkpoint.RunningMetrics(run.prior.get("metrics") if mid_epoch else None,
+                                      run.start_step // spe)
+  timer = instrument.StepTimer(cfg.warmup_steps, run.prior.get("timer"))
   writer = instrument.ScalarWriter(
-      out_dir, timer, cfg.batch_size, every=cfg.log_every, detailed=cfg.instrument,
-      sampler=sampler, flops_per_step=flops_per_step,
-      precision_state=lambda: {"loss_scale": loss_scale() or 1.0,
-                               "skipped_steps": skipped_steps(counter.done)},
-      texts=texts, hparams=hparams, resumed=start_step > 0)
+      str(run.out_dir), timer, cfg.batch_size, every=cfg.log_every,
+      detailed=cfg.instrument,
+      sources=instrument.Sources(
+          flops_per_step=run.flops_per_step, sampler=run.sampler,
+          precision_state=lambda: precision.scalars(optimizer, counter.done)),
+      opening=instrument.Opening(
+          _texts(run), _hparams(cfg) if cfg.instrument and not cfg.resume else None,
+          resumed=run.start_step > 0))
   dynamic = cfg.loss_scale == "dynamic"
-  guard = guards.DivergenceGuard(lambda: counter.done,
-                                 lambda: loss_scale() if dynamic else None,
-                                 cfg.min_loss_scale)
+  guard = guards.DivergenceGuard(
+      lambda: counter.done,
+      lambda: precision.loss_scale(optimizer) if dynamic else None, cfg.min_loss_scale)
   checkpoints = checkpoint.CheckpointCallback(
-      ckpt, cfg.checkpoint_every, steps_per_epoch, lambda: counter.done,
-      lambda: state(timer, metrics), enabled=cfg.checkpoint, flush=writer.flush)
+      run.ckpt, cfg.checkpoint_every, spe, lambda: counter.done,
+      functools.partial(_checkpoint_state, run, timer, metrics), enabled=cfg.checkpoint,
+      flush=writer.flush)
   found = RunCallbacks(counter, timer, writer, guard, checkpoints,
-                       guards.SignalStop(lambda: counter.done, steps_per_epoch), metrics)
+                       guards.SignalStop(lambda: counter.done, spe), metrics)
   if injection.kill_at():
     found.kills = guards.KillPoints(lambda: counter.done)
   found.lines = console.epoch_lines(
       cfg.verbose, cfg.epochs,
       lambda n: statistics.median(timer.durations_ms[-n:] or [0.0]))
-  if fault_window:
+  if run.fault_window:
     found.loss_factor = tf.Variable(1.0, trainable=False, dtype=tf.float32)
     found.faults = guards.FaultInjector(found.loss_factor, cfg.fault_factor,
-                                        fault_window, lambda: counter.current)
-  if window:
-    found.window = profiler.ProfileWindow(profile_dir, *window,
+                                        run.fault_window, lambda: counter.current)
+  if run.window:
+    found.window = profiler.ProfileWindow(str(run.run_dir), *run.window,
                                           step=lambda: counter.current,
                                           marker=keras_fit.step_marker)
   return found
+
+
+def _texts(run: Run) -> dict[str, str]:
+  """The run's TensorBoard texts, written at its start."""
+  texts = {"run/flags": "```\n" + config.to_flagfile(run.cfg) + "```",
+           "precision/policy": precision.describe(run.policy),
+           "run/strategy": run.dist.describe()}
+  if run.policy_choice:
+    texts["precision/policy_choice"] = autopolicy.format_table(run.policy_choice, True)
+  if run.report:
+    texts["inspect/dtypes"] = dtypes_lib.format_table(run.report, markdown=True)
+  return texts
+
+
+def _hparams(cfg: config.Config) -> dict[str, Any]:
+  """The run's hparams, for TensorBoard's HParams dashboard."""
+  return {k: getattr(cfg, k) for k in (
+      "policy", "loop", "model", "batch_size", "image_size", "jit_compile", "dataset",
+      "strategy", "model_opts", "batchnorm")}
+
+
+def _checkpoint_state(run: Run, timer: instrument.StepTimer,
+                      metrics: checkpoint.RunningMetrics) -> dict[str, Any]:
+  """What each checkpoint stores beside the weights, for a resumed run to report the
+  whole run: step times, the running epoch's metrics, the sampler, wall time."""
+  return {"timer": timer.state(), "metrics": metrics.state(),
+          "sampler": run.sampler.state() if run.sampler else None,
+          "wall_s": run.wall_s()}

@@ -22,7 +22,6 @@ POLICIES` measures in a child process, for the oneDNN choice (mpt/train/onednn_c
 which must set TF_ENABLE_ONEDNN_OPTS before TensorFlow is imported.
 """
 
-import math
 import os
 import pathlib
 import statistics
@@ -34,9 +33,11 @@ import keras
 import tensorflow as tf
 
 from mpt import config
+from mpt.machine import isa
 from mpt.records import cost as cost_lib
 from mpt.records.cost import Cost, PolicyCost
 from mpt.train import keras_fit
+from mpt.train import model as model_lib
 from mpt.train import precision
 from mpt.train import steps as steps_lib
 
@@ -100,7 +101,7 @@ def measure(cfg: config.Config, build: Callable[[], keras.Model],
   float32's row from an earlier measurement, not timed again."""
   batch = cost_lib.device_batch(cfg)
   onednn = keras_fit.onednn_rewrite_on()
-  found = Cost(cost_lib.key_for(cfg, onednn), onednn, batch)
+  found = Cost(cost_lib.key_for(cfg, onednn, isa.detect()), onednn, batch)
   start = clock()
   keras.backend.clear_session()
   order = ["float32"] + [p for p in policies if p != "float32"]
@@ -168,7 +169,8 @@ def for_run(cfg: config.Config, build: Callable[[], keras.Model], planned_steps:
     found.source = f"recorded: {stand_in}"
     return found, None
   want = cost_lib.POLICIES
-  cached = cost_lib.cached(cost_lib.key_for(cfg, keras_fit.onednn_rewrite_on()))
+  cached = cost_lib.cached(cost_lib.key_for(
+      cfg, keras_fit.onednn_rewrite_on(), isa.detect()))
   if cached and all(cached.of(p) for p in want):
     return cached, None
   if planned_steps < MIN_RUN_STEPS:
@@ -209,8 +211,7 @@ def main(argv: list[str]) -> int:
   """The oneDNN choice's child: `FLAGFILE OUT POLICIES` -> OUT holds a cost.json."""
   flagfile, out, policies = argv[1], argv[2], argv[3].split(",")
   cfg = config.from_flagfile(pathlib.Path(flagfile).read_text())
-  from mpt.train import run  # The run's model builder (run.py imports this module).
-  found = measure(cfg, lambda: run.build_model(cfg, 10), policies)
+  found = measure(cfg, lambda: model_lib.build_model(cfg, 10), policies)
   cost_lib.write(pathlib.Path(out), found)
   return 0
 

@@ -46,11 +46,6 @@ class Data:
   skipped_files: list[str]
   source: str  # where the data came from, for the log and summary.json
 
-  @property
-  def train(self) -> tf.data.Dataset:
-    """The training stream from its start (a fresh pipeline each time)."""
-    return self.train_from(0)
-
   def train_from(self, step: int) -> tf.data.Dataset:
     """The training stream from global step `step` on, as a fresh pipeline.
 

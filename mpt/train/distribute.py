@@ -10,7 +10,8 @@
 
 `--batch_size` is the global batch: every step takes one batch of that size and splits
 it across the replicas, so a run's curve does not depend on the replica count. The
-model, optimizer and metrics are created under the strategy's scope (mpt/train/run.py).
+model, optimizer and metrics are created under the strategy's scope
+(mpt/train/prepare.py).
 
 Only the chief (`chief` in TF_CONFIG, else worker 0) writes the run folder. The other
 workers still run every step, including checkpoint saves (a save reads synchronised
@@ -24,7 +25,6 @@ Devices and collectives can only be set up before TensorFlow's runtime starts, s
 import dataclasses
 import json
 import os
-import socket
 from typing import Any
 
 import tensorflow as tf
@@ -194,16 +194,3 @@ def check_batch(cfg: Config, dist: Setup) -> None:
                     f"{dist.replicas}, e.g. {lower or dist.replicas} or "
                     f"{lower + dist.replicas}")
 
-
-def local_cluster(workers: int) -> list[str]:
-  """TF_CONFIG values for `workers` processes on this machine, one per worker, on
-  free 127.0.0.1 ports (for tests and benchmarks; a port can be taken in between)."""
-  sockets = [socket.socket() for _ in range(workers)]
-  for s in sockets:
-    s.bind(("127.0.0.1", 0))
-  ports = [s.getsockname()[1] for s in sockets]
-  for s in sockets:
-    s.close()
-  cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
-  return [json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})
-          for i in range(workers)]

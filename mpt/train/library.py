@@ -16,21 +16,20 @@ to the terminal and to the run's TensorBoard text.
 
 import dataclasses
 import pathlib
-import platform
 import time
 
 import keras
-import tensorflow as tf
 
 from mpt import config
 from mpt.machine import hardware
 from mpt.measure import dtypes as dtypes_lib
 from mpt.measure import instrument
 from mpt.measure import sampler as sampler_lib
-from mpt.records import rundir
+from mpt import files
 from mpt.records import runs as runs_lib
 from mpt.records.summary import RunSummary
 from mpt.train import precision
+from mpt.train import record
 from mpt.train.callbacks import StepCounter
 
 
@@ -55,9 +54,10 @@ class _RunFolder(keras.callbacks.Callback):
         logdir=str(self.run_dir.parent), run_name=self.run_dir.name)
     (self.run_dir / "flags.txt").write_text(config.to_flagfile(self.cfg))
     self.report = dtypes_lib.inspect_model(self.model)
-    rundir.write_json(self.run_dir / "dtypes.json", self.report)
+    files.write_json(self.run_dir / "dtypes.json", self.report)
     print(dtypes_lib.one_line(self.report), flush=True)
-    self.writer.flops_per_step = dtypes_lib.train_step_flops(self.report, self.batch_size)
+    self.writer.sources.flops_per_step = dtypes_lib.train_step_flops(self.report,
+                                                                     self.batch_size)
     if self.sampler:
       self.sampler.start()
 
@@ -77,35 +77,21 @@ class _RunFolder(keras.callbacks.Callback):
           f"{self.run_dir.parent}", flush=True)
 
   def _summary(self) -> RunSummary:
-    cfg, timer, stats = self.cfg, self.timer, self.timer.stats()
-    ms, logs = stats["median"], timer.epoch_logs
+    cfg, timer = self.cfg, self.timer
     policy = keras.mixed_precision.global_policy()
-    flops = self.writer.flops_per_step
-    achieved = flops / ms * 1e3 / 1e9 if flops and ms else None
-    peak, peak_source = hardware.peak_gflops(policy.compute_dtype)
-    optimizer = self.model.optimizer
     return RunSummary(
         status="completed", run_dir=str(self.run_dir), policy=policy.name, loop="fit",
         model=cfg.model, dataset="user", image_size=cfg.image_size,
         batch_size=self.batch_size, compute_dtype=policy.compute_dtype,
         variable_dtype=policy.variable_dtype, epochs=timer.epochs_done,
-        epochs_completed=timer.epochs_done, steps=timer.steps,
-        warmup_steps=timer.warmup_steps, checkpoints=False,
-        ms_per_step=ms, step_time_ms=stats, timed_steps=len(timer.steady()),
-        data_wait_share=None, images_per_sec=self.batch_size / ms * 1e3 if ms else None,
-        train_s=sum(timer.durations_ms) / 1e3,
+        checkpoints=False, data_wait_share=None,
         wall_s=round(time.perf_counter() - self.start, 3),
-        train_loss=logs.get("loss"), train_accuracy=logs.get("accuracy"),
-        val_loss=logs.get("val_loss"), val_accuracy=logs.get("val_accuracy"),
-        loss_scale=precision.loss_scale(optimizer),
-        skipped_steps=precision.skipped_steps(optimizer, timer.steps),
         flops_share_16bit=self.report["flops_share_16bit"] if self.report else None,
-        flops_per_step=flops, achieved_gflops=achieved, peak_gflops=peak,
-        peak_source=peak_source, mfu=achieved / peak if achieved and peak else None,
         util=self.sampler.stats() if self.sampler else None,
-        device=hardware.device_name(), hardware=hardware.facts(),
-        tf_version=tf.__version__, keras_version=keras.__version__,
-        python_version=platform.python_version())
+        hardware=hardware.facts(),
+        **record.figures(timer, self.batch_size, self.writer.sources.flops_per_step,
+                         policy.compute_dtype, self.model.optimizer),
+        **record.software())
 
 
 def callbacks(run_dir: str, *, batch_size: int, warmup_steps: int = 5,
@@ -121,13 +107,9 @@ def callbacks(run_dir: str, *, batch_size: int, warmup_steps: int = 5,
   sampler = sampler_lib.Sampler(sample_every) if sample_every else None
   folder.mkdir(parents=True, exist_ok=True)
   writer = instrument.ScalarWriter(str(folder), timer, batch_size, every=log_every,
-                                   sampler=sampler)
-  writer.precision_state = lambda: _precision_state(writer.model, timer)
+                                   sources=instrument.Sources(sampler=sampler))
+  writer.sources.precision_state = lambda: precision.scalars(
+      getattr(writer.model, "optimizer", None), timer.steps)
   end = _RunFolder(folder, timer, writer, sampler, batch_size, after_run)
   return [StepCounter(0), timer, writer, end]
 
-
-def _precision_state(model, timer) -> dict[str, float]:
-  optimizer = getattr(model, "optimizer", None)
-  return {"loss_scale": precision.loss_scale(optimizer) or 1.0,
-          "skipped_steps": precision.skipped_steps(optimizer, timer.steps)}

@@ -4,17 +4,20 @@ Both take the same model, optimizer, `Data` and Keras callbacks. `fit` hands the
 Keras; `custom` drives mpt's own tf.function steps (mpt/train/steps.py) through a Keras
 `CallbackList` in the same order fit does (train begin, epoch begin, batch begin/end,
 validation with its test-batch calls, epoch end), so the same callbacks time, log and
-draw the progress bar for both, and a batch's logs are materialised (`pythonify_logs`) before any callback sees
-them: the step's result exists when its time is taken.
+draw the progress bar for both, and a batch's logs are materialised
+(`pythonify_logs`) before any callback sees them: the step's result exists when its
+time is taken.
 
-Both run under the strategy whose scope mpt/train/run.py entered (mpt/train/distribute.py):
-`fit` distributes the dataset itself; `custom` distributes it with
-`strategy.experimental_distribute_dataset` and runs its steps through `strategy.run`.
+Both run under the strategy whose scope mpt/train/run.py entered
+(mpt/train/distribute.py): `fit` distributes the dataset itself; `custom` distributes
+it with `strategy.experimental_distribute_dataset` and runs its steps through
+`strategy.run`.
 
-`fetch(iterator)` takes the next batch (a timed `next`, see mpt/measure/instrument.py). The
-custom loop always calls it; under `fit` mpt installs a train function that calls it
-and hands the batch to Keras' own compiled step (mpt/train/keras_fit.py), so the data wait is timed the same
-way in both loops. Without `fetch` (`--noinstrument`) fit runs untouched.
+`fetch(iterator)` takes the next batch (a timed `next`, see
+mpt/measure/instrument.py). The custom loop always calls it; under `fit` mpt installs
+a train function that calls it and hands the batch to Keras' own compiled step
+(mpt/train/keras_fit.py), so the data wait is timed the same way in both loops.
+Without `fetch` (`--noinstrument`) fit runs untouched.
 """
 
 from typing import Any, Callable
@@ -71,11 +74,14 @@ def run_fit(model: keras.Model, optimizer: keras.optimizers.Optimizer, data: Dat
     images, labels = next(iter(data.val))
     model.compute_metrics(images, labels, model(images, training=False))
     model.reset_metrics()
-  fit = lambda step, first, last, n: model.fit(
-      data.train_from(step), initial_epoch=first, epochs=last, steps_per_epoch=n,
-      validation_data=data.val, callbacks=callbacks,
-      verbose=console.keras_verbose(cfg.verbose),
-      shuffle=False)  # The pipeline shuffles; fit cannot.
+
+  def fit(step: int, first: int, last: int, n: int) -> None:
+    """Epochs `first` to `last` (exclusive) of `n` steps, the stream from `step` on."""
+    model.fit(data.train_from(step), initial_epoch=first, epochs=last,
+              steps_per_epoch=n, validation_data=data.val, callbacks=callbacks,
+              verbose=console.keras_verbose(cfg.verbose),
+              shuffle=False)  # The pipeline shuffles; fit cannot.
+
   if done:  # Resumed mid-epoch: finish that epoch on its own first.
     fit(start_step, epoch, epoch + 1, spe - done)
     epoch += 1

@@ -23,6 +23,7 @@ import time
 from mpt import config
 from mpt.errors import UserError
 from mpt.machine import hardware
+from mpt.machine import isa
 from mpt.records import cost as cost_lib
 from mpt.records.cost import Cost, OnednnChoice
 
@@ -70,7 +71,7 @@ def _measure(cfg: config.Config, on: bool, policies: list[str]) -> tuple[Cost | 
 
 
 def _cached_or_measured(cfg, on: bool, policies: list[str]) -> tuple[Cost | None, str]:
-  found = cost_lib.cached(cost_lib.key_for(cfg, on))
+  found = cost_lib.cached(cost_lib.key_for(cfg, on, isa.detect()))
   if found and all(found.of(p) and found.of(p).ms_per_step for p in policies):
     return found, ""
   return _measure(cfg, on, policies)

@@ -14,6 +14,7 @@ from mpt.machine import fastpath
 from mpt.machine import hardware
 from mpt.machine import kernels
 from mpt.records.cost import Cost
+from mpt.records.verdict import PolicyVerdict
 
 
 def set_policy(name: str) -> keras.DTypePolicy:
@@ -27,18 +28,6 @@ def describe(policy: keras.DTypePolicy) -> str:
           f"variable dtype: {policy.variable_dtype}")
 
 
-def slow_path_warning(policy: str, flags: set[str],
-                      gpu_caps: list[tuple[int, int]]) -> str | None:
-  """Why `policy` has no fast 16-bit path on this hardware (one line), or None.
-
-  The rule is `hardware.fast_path`, the diagnosis' too: warned before the run,
-  explained with measurements after it (mpt/diagnose/diagnosis.py).
-  """
-  found = hardware.fast_path(policy, flags, gpu_caps,
-                              "" if gpu_caps else f"this CPU ({hardware.cpu_name()})")
-  return f"{policy}: {found[0]}; use --policy={found[1]}" if found else None
-
-
 def layer_classes(model: keras.Model) -> list[str]:
   """The class names of a model's layers, nested models' layers included."""
   names, todo = [], list(model.layers)
@@ -49,30 +38,29 @@ def layer_classes(model: keras.Model) -> list[str]:
   return names
 
 
-def check_speed(policy: str, layer_classes, cost: Cost | None = None) -> dict:
+def check_speed(policy: str, layer_classes,
+                cost: Cost | None = None) -> PolicyVerdict:
   """The measured verdict on `policy` for a model with these layers, on this machine
   (mpt/machine/fastpath.py); prints ONE warning when it is slow, before step 1.
 
   This model's step timed per policy (`cost`, mpt/train/cost.py) decides how slow; the
   kernel table ($MPT_KERNELS, the cache, or a ~10 s probe) names the kernel to blame,
-  and decides alone where the step was not timed; with neither, the CPU flags do, as
-  `slow_path_warning` says."""
+  and decides alone where the step was not timed; with neither, the CPU flags do
+  (`hardware.fast_path`, the diagnosis' rule too)."""
   table, note = kernels.table()
   gpu_caps = hardware.gpu_compute_capabilities()
   found = fastpath.verdict(policy, table, fastpath.families_of(layer_classes),
                            hardware.cpu_flags(), gpu_caps,
                            "" if gpu_caps else f"this CPU ({hardware.cpu_name()})",
                            cost.predicted() if cost else None)
-  found.update(source=(f"this model's step, {cost.source}" if found["evidence"] == "cost"
-                       else (table or {}).get("source", "CPU flags")),
-               note=note or (table or {}).get("note"))
+  found.source = (f"this model's step, {cost.source}" if found.evidence == "cost"
+                  else (table or {}).get("source", "CPU flags"))
+  found.note = note or (table or {}).get("note")
   if note:
     print(f"mpt: note: {note}", flush=True)
-  if found["text"]:
-    message = found["text"] + (f" ({found['contradicts']})" if found["contradicts"]
-                               else "")
-    found["text"] = message
-    print(f"WARNING: {message}", flush=True)  # Once: not also through absl's log.
+  if found.text:
+    found.text += f" ({found.contradicts})" if found.contradicts else ""
+    print(f"WARNING: {found.text}", flush=True)  # Once: not also through absl's log.
   return found
 
 
@@ -99,6 +87,13 @@ def loss_scale(optimizer: keras.optimizers.Optimizer) -> float | None:
       return float(optimizer.initial_scale)
     return float(optimizer.dynamic_scale.numpy())
   return None
+
+
+def scalars(optimizer: keras.optimizers.Optimizer, steps_run: int) -> dict[str, float]:
+  """The precision/ scalars of TensorBoard: the loss scale (1.0 without loss scaling)
+  and the steps skipped so far."""
+  return {"loss_scale": loss_scale(optimizer) or 1.0,
+          "skipped_steps": skipped_steps(optimizer, steps_run)}
 
 
 def skipped_steps(optimizer: keras.optimizers.Optimizer, steps_run: int) -> int:

@@ -17,13 +17,17 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from mpt import config
 from mpt.errors import UserError
 from mpt.measure import dtypes as dtypes_lib
 from mpt.measure import memory
 from mpt.records.cost import device_batch
+from mpt.records.memory import MemoryPlan
 from mpt.train import keras_fit
 
-POLICIES = ("float32", "mixed_bfloat16", "mixed_float16")
+# The policies a run trains under (--policy's, less `auto`), in name order: the order
+# memory.json, summary.json and the will-not-fit line list them in.
+POLICIES = tuple(sorted(p for p in config.POLICIES if p != "auto"))
 
 
 class WillNotFit(UserError):
@@ -98,7 +102,7 @@ def table(ests: dict[str, memory.Estimate], available_mb: float,
 
 
 def for_run(cfg, report: dict[str, Any], trainable: int, replicas: int, workers: int,
-            gpu: bool, remove: pathlib.Path | None = None) -> dict[str, Any]:
+            gpu: bool, remove: pathlib.Path | None = None) -> MemoryPlan:
   """A training run's check, before its first step: the estimate under each policy
   at the per-replica batch, with the process's RSS now as the baseline, against what
   the device has. A run that will not fit raises WillNotFit (its new, empty folder
@@ -116,15 +120,12 @@ def for_run(cfg, report: dict[str, Any], trainable: int, replicas: int, workers:
     raise
   if warning:
     print(warning, flush=True)
-  return {"estimate": ests[cfg.policy].to_dict(),
-          "estimate_mb_by_policy": {p: round(e.total_mb, 1) for p, e in ests.items()},
-          # Each policy's estimate as a line in the per-replica batch (sweeps read it).
-          "policies": {p: {"fixed_mb": round(e.fixed_mb, 2),
-                           "per_example_mb": round(e.per_example_mb, 5),
-                           "baseline_mb": round(e.baseline_mb, 2)}
-                       for p, e in ests.items()},
-          "available_mb": round(available, 1), "available": where,
-          "replicas": replicas}
+  return MemoryPlan(ests[cfg.policy],
+                    {p: round(e.total_mb, 1) for p, e in ests.items()},
+                    # Each policy's estimate as a line in the per-replica batch (sweeps
+                    # read it).
+                    {p: e.line() for p, e in ests.items()},
+                    round(available, 1), where, replicas)
 
 
 def will_not_fit(cfg, build: Callable[[], Any]) -> str | None:

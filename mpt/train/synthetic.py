@@ -19,6 +19,7 @@ import uuid
 import numpy as np
 
 from mpt import console
+from mpt import files
 
 # The real Imagenette classes, in the order of their wnids.
 WNIDS = ("n01440764", "n02102040", "n02979186", "n03000684", "n03028079",
@@ -29,7 +30,7 @@ VERSION = 1  # Bump when drawing changes, so stale caches are not reused.
 
 
 def default_root() -> pathlib.Path:
-  return pathlib.Path(os.environ.get("MPT_CACHE", "~/.cache/mpt")).expanduser()
+  return files.cache_root()
 
 
 def _shape_mask(label: int, yy: np.ndarray, xx: np.ndarray, r: float) -> np.ndarray:

@@ -19,6 +19,8 @@ import shutil
 import pytest
 
 from mpt.diagnose import detectors
+from mpt.diagnose import findings
+from mpt.diagnose import thresholds
 from mpt.diagnose import diagnosis as diagnose
 from mpt.diagnose import evidence as evidence_lib
 from mpt.diagnose import opstats
@@ -28,7 +30,9 @@ from mpt.diagnose.options import DiagnoseOptions
 from mpt.errors import UserError
 from mpt.machine import fastpath
 from mpt.machine import isa
+from mpt.records import typed
 from mpt.records.cells import Cell
+from mpt.records.summary import RunSummary
 
 from helpers import DATA, ROOT, mpt_forked
 
@@ -160,17 +164,18 @@ MACHINES = {"spr": ("intel_spr_amx_recorded", "intel_spr_amx_recorded"),
 
 
 def kernels_block(machine: str, policy: str) -> dict:
-  """summary.json's `kernels` for `policy` on `machine`, as mpt/train/precision.py's
-  check_speed records it: fastpath.verdict on the recorded table, plus its source."""
+  """summary.json's `policy_verdict` for `policy` on `machine`, as
+  mpt/train/precision.py's check_speed records it: fastpath.verdict on the recorded
+  table, plus its source."""
   table_name, cpuinfo = MACHINES[machine]
   table = json.loads((DATA / "kernels" / f"{table_name}.json").read_text())
   cpu = isa.parse_cpuinfo((DATA / "cpuinfo" / f"{cpuinfo}.txt").read_text())
   found = fastpath.verdict(policy, table, SEED_FAMILIES, cpu.flags, [],
                            f"this CPU ({cpu.name})")
-  if found["text"] and found["contradicts"]:
-    found["text"] += f" ({found['contradicts']})"
-  found.update(source=f"recorded: tests/data/kernels/{table_name}.json", note=None)
-  return found
+  if found.text and found.contradicts:
+    found.text += f" ({found.contradicts})"
+  found.source = f"recorded: tests/data/kernels/{table_name}.json"
+  return typed.to_dict(found)
 
 
 def on_machine(run: pathlib.Path, machine: str, **changes) -> pathlib.Path:
@@ -183,7 +188,7 @@ def on_machine(run: pathlib.Path, machine: str, **changes) -> pathlib.Path:
       run, hardware={**summary["hardware"], "cpu": cpu.name, "cpu_flags": sorted(
           k for k, v in cpu.isa().items() if v)},
       device=f"CPU: {cpu.name} ({cpu.logical_cpus} logical cores)",
-      kernels=kernels_block(machine, policy), **changes)
+      policy_verdict=kernels_block(machine, policy), **changes)
 
 
 def rerun(run: pathlib.Path, policy: str) -> str:
@@ -247,8 +252,8 @@ def test_slow_kernel_names_the_op_that_dominates_the_trace(runs, top_ops, line_e
   recorded = json.loads((runs / "bf16_seed" / "op_stats.json").read_text())
   stats = {**recorded, "top_ops": top_ops} if top_ops else recorded
   ev = evidence(runs, "f16_custom", op_stats=stats,
-                kernels=kernels_block("spr", "mixed_float16"))
-  finding = detectors.slow_kernel(ev)
+                policy_verdict=kernels_block("spr", "mixed_float16"))
+  finding = detectors.DETECTORS["slow_kernel"](ev)
   assert finding.evidence[0].endswith("231x float32's time" + line_end)
   assert (extra in finding.evidence[1]) if extra else "most traced" not in " ".join(
       finding.evidence)
@@ -266,8 +271,8 @@ def test_sapphire_rapids_float32_is_told_mixed_bfloat16_is_faster(runs):
   assert found["next_step"] == rerun(runs / "f32_custom", "mixed_bfloat16")
   # With a trace, the expected speed-up counts only the probed ops' share of it.
   stats = json.loads((runs / "bf16_seed" / "op_stats.json").read_text())
-  ev = evidence(runs, "f32_custom", op_stats=stats, kernels=kernels_block("spr", "float32"))
-  traced = detectors.opportunity(ev)
+  ev = evidence(runs, "f32_custom", op_stats=stats, policy_verdict=kernels_block("spr", "float32"))
+  traced = detectors.DETECTORS["opportunity"](ev)
   covered = sum(o["share"] for o in stats["top_ops"]
                 if o["type"] in ("Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter"))
   expected = 1 / ((1 - covered) + covered * ratio)
@@ -315,9 +320,10 @@ def test_without_a_kernel_verdict_the_flags_decide_as_before(runs):
   # A verdict from the flags (no kernel table could be read): the same findings.
   summary = json.loads((runs / "f16_custom" / "summary.json").read_text())
   flags = set(summary["hardware"]["cpu_flags"])
-  block = {**fastpath.verdict("mixed_float16", None, SEED_FAMILIES, flags, [], "AMD EPYC"),
+  block = {**typed.to_dict(fastpath.verdict("mixed_float16", None, SEED_FAMILIES, flags,
+                                            [], "AMD EPYC")),
            "source": "CPU flags", "note": "the kernel probe failed: ..."}
-  patch_summary(runs / "f16_custom", kernels=block)
+  patch_summary(runs / "f16_custom", policy_verdict=block)
   report = diagnose.diagnose_run(runs / "f16_custom")
   assert report["findings"] == before
   assert "kernel table: the kernel probe failed: ..." in report["notes"]
@@ -325,16 +331,16 @@ def test_without_a_kernel_verdict_the_flags_decide_as_before(runs):
 
 @pytest.mark.parametrize("ms,severity", [(300.0, "high"), (299.9, "medium")])
 def test_slow_kernel_is_high_from_three_times_float32s_time(runs, ms, severity):
-  ev = evidence(runs, "f16_custom", ms_per_step=ms, kernels=kernels_block("zen4", "mixed_float16"),
+  ev = evidence(runs, "f16_custom", ms_per_step=ms, policy_verdict=kernels_block("zen4", "mixed_float16"),
                 baseline={"ms_per_step": 100.0, "loop": "custom", "run_dir": "f32"})
-  assert detectors.slow_kernel(ev).severity == severity
+  assert detectors.DETECTORS["slow_kernel"](ev).severity == severity
 
 
 @pytest.mark.parametrize("f32_ratio,fires", [(1.3, True), (1.2999, False)])
 def test_opportunity_edge(runs, f32_ratio, fires):
   block = {**kernels_block("nothing_slow", "float32"), "policy_ratios": {
       "float32": f32_ratio, "mixed_bfloat16": 1.0, "mixed_float16": 5.0}}
-  found = detectors.opportunity(evidence(runs, "f32_custom", kernels=block))
+  found = detectors.DETECTORS["opportunity"](evidence(runs, "f32_custom", policy_verdict=block))
   assert (found is not None) == fires
   if fires:
     assert found.id == "opportunity:mixed_bfloat16" and found.threshold
@@ -355,37 +361,37 @@ def test_opportunity_defers_to_policy_auto_and_to_a_faster_run(runs):
   # float32 measured fastest by the probe, but the float32 run next to it was slower.
   block = {**kernels_block("nothing_slow", "mixed_bfloat16"), "policy_ratios": {
       "float32": 0.5, "mixed_bfloat16": 1.0, "mixed_float16": 2.0}}
-  ev = evidence(runs, "bf16_seed", kernels=block, ms_per_step=100.0,
+  ev = evidence(runs, "bf16_seed", policy_verdict=block, ms_per_step=100.0,
                 baseline={"ms_per_step": 120.0, "loop": "fit", "run_dir": "f32"})
-  assert detectors.opportunity(ev) is None
+  assert detectors.DETECTORS["opportunity"](ev) is None
 
 
 def test_a_measured_loss_of_three_times_ranks_first():
-  finding = lambda id, impact, slowdown=None: detectors.Finding(
+  finding = lambda id, impact, slowdown=None: findings.Finding(
       id, "high", impact, id, "t", ["e"], "n", ["probe"], slowdown)
-  ranked = detectors.rank([finding("input_bound", 0.9), finding("loss_scale", 1.0),
+  ranked = findings.rank([finding("input_bound", 0.9), finding("loss_scale", 1.0),
                            finding("slow_kernel:float16", 0.67, 3.0)])
   assert [f.id for f in ranked] == ["slow_kernel:float16", "loss_scale", "input_bound"]
-  assert set(detectors.BASES) >= {"trace", "probe", "sibling runs", "flags"}
+  assert set(findings.BASES) >= {"trace", "probe", "sibling runs", "flags"}
 
 
 def test_every_finding_says_what_it_rests_on(runs):
   for name in ["f16_custom", "bf16_seed", "slow_input", "skips"]:
     for f in diagnose.diagnose_run(runs / name)["findings"]:
-      assert f["based_on"] and set(f["based_on"]) <= set(detectors.BASES), f
+      assert f["based_on"] and set(f["based_on"]) <= set(findings.BASES), f
 
 
 # --- Threshold edges --------------------------------------------------------------
 
 def evidence(runs, name, dtypes=None, op_stats=None, baseline=None, **summary):
   ev = evidence_lib.load(runs / name, [])
-  ev.summary.update(summary)
+  ev.summary = RunSummary.from_dict({**ev.summary.to_dict(), **summary})
   if dtypes:
     ev.dtypes = {**copy.deepcopy(ev.dtypes), **dtypes}
   if op_stats is not None:
     ev.op_stats = op_stats
   if baseline is not None:
-    ev.baseline = baseline
+    ev.baseline = RunSummary.from_dict(baseline)
   return ev
 
 
@@ -436,22 +442,22 @@ def test_threshold_edges(runs, detector, name, changes, fires):
 
 
 def test_low_utilisation_names_overhead_for_short_steps_only(runs):
-  short = detectors.low_utilisation(evidence(runs, "f32_fit", util=UTIL(0.3), ms_per_step=10.0))
-  long = detectors.low_utilisation(evidence(runs, "f32_fit", util=UTIL(0.3), ms_per_step=300.0))
+  short = detectors.DETECTORS["low_utilisation"](evidence(runs, "f32_fit", util=UTIL(0.3), ms_per_step=10.0))
+  long = detectors.DETECTORS["low_utilisation"](evidence(runs, "f32_fit", util=UTIL(0.3), ms_per_step=300.0))
   assert short.title.startswith("overhead bound") and "--jit_compile" in short.next_step
   assert long.title == "the device is idle part of each step"
 
 
 def test_input_bound_severity_grows_with_the_share(runs):
-  assert detectors.input_bound(evidence(runs, "f32_fit", data_wait_share=0.15)).severity == "medium"
-  assert detectors.input_bound(evidence(runs, "f32_fit", data_wait_share=0.2)).severity == "high"
+  assert detectors.DETECTORS["input_bound"](evidence(runs, "f32_fit", data_wait_share=0.15)).severity == "medium"
+  assert detectors.DETECTORS["input_bound"](evidence(runs, "f32_fit", data_wait_share=0.2)).severity == "high"
 
 
 def test_no_speedup_edge(runs):
   gpu = dict(hardware=GPU_FACTS["a100"], ms_per_step=100.0)
-  assert detectors.slower_than_float32(evidence(
+  assert detectors.DETECTORS["no_speedup"](evidence(
       runs, "f16_custom", baseline={"ms_per_step": 100.0}, **gpu)) is None
-  assert detectors.slower_than_float32(evidence(
+  assert detectors.DETECTORS["no_speedup"](evidence(
       runs, "f16_custom", baseline={"ms_per_step": 99.9}, **gpu)) is not None
 
 
@@ -481,7 +487,7 @@ def test_sweep_no_speedup_takes_its_reason_and_policy_from_the_cells_kernels(tmp
   csv.write_text(csv.read_text().replace(",mixed_bfloat16,fit,", ",mixed_float16,fit,"))
   for cell in folder.glob("cells/*_mixed_bfloat16_fit"):
     patch_summary(cell, policy="mixed_float16",
-                  kernels=kernels_block("spr", "mixed_float16"))
+                  policy_verdict=kernels_block("spr", "mixed_float16"))
   report = diagnose_sweep.diagnose(folder)
   found = next(f for f in report["findings"] if f["id"] == "no_speedup:mixed_float16")
   assert found["severity"] == "high" and found["next_step"] == "--policy=mixed_bfloat16"
@@ -491,7 +497,7 @@ def test_sweep_no_speedup_takes_its_reason_and_policy_from_the_cells_kernels(tmp
   assert "(based on: sibling runs, probe)" in diagnose_report.format_report(report)
   # Cells whose probe says their kernels are fast: the loss is elsewhere, float32.
   for cell in folder.glob("cells/*_mixed_bfloat16_fit"):
-    patch_summary(cell, kernels=kernels_block("zen4", "mixed_bfloat16"))
+    patch_summary(cell, policy_verdict=kernels_block("zen4", "mixed_bfloat16"))
   csv.write_text(csv.read_text().replace(",mixed_float16,fit,", ",mixed_bfloat16,fit,"))
   found = diagnose_sweep.diagnose(folder)["findings"][0]
   assert found["id"] == "no_speedup:mixed_bfloat16" and found["next_step"] == "--policy=float32"
@@ -533,7 +539,7 @@ def test_sweep_step_time_that_barely_grows_with_the_batch(ms_at_64, fires):
 def docs_mismatches(text: str) -> list[tuple[str, str]]:
   """(finding, words) of each threshold the table of findings in docs/diagnosis.md
   does not state as the code has it."""
-  d = detectors
+  d = thresholds
   rows = {line.split("|")[1].strip(): line for line in text.splitlines()
           if line.startswith("| ")}
   expected = {
@@ -610,7 +616,7 @@ def test_an_unreadable_summary_next_to_the_run_is_no_baseline(runs):
   (runs / "broken").mkdir()
   (runs / "broken" / "summary.json").write_text("{oops")
   ev = evidence_lib.load(runs / "f16_custom", [])
-  assert ev.baseline["run_dir"].endswith("f32_custom")
+  assert ev.baseline.run_dir.endswith("f32_custom")
 
 
 def test_layer_of_op_names():
@@ -671,9 +677,12 @@ def test_batchnorm_cost_stays_quiet_below_the_threshold(runs):
 
 
 def _memory(total, peak):
-  est = {"total_mb": total, "baseline_mb": 700.0, "batch_size": 32,
+  """summary.json's `memory` with every field mpt writes, its parts summing to
+  `total` (the weight copies take what the others leave)."""
+  est = {"policy": "float32", "total_mb": total, "baseline_mb": 700.0, "batch_size": 32,
          "activations_mb_per_example": 2.0, "parameters_mb": 4.0, "gradients_mb": 4.0,
-         "optimizer_mb": 8.0}
+         "optimizer_mb": 8.0, "weight_copies_mb": total - 780.0,
+         "input_mb_per_example": 0.0, "emulated_16bit": False}
   return {"estimate": est, "peak_rss_mb": peak, "available_mb": 20000.0,
           "estimate_over_measured": round(total / peak, 3)}
 

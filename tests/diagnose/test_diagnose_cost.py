@@ -11,6 +11,7 @@ import pytest
 
 from mpt.diagnose import diagnosis as diagnose
 from mpt.machine import fastpath
+from mpt.records import typed
 
 from helpers import DATA
 
@@ -62,15 +63,15 @@ def test_a_run_under_3x_slower_keeps_the_general_advice(spr):
 def cost_verdict(policy: str, step_ms: dict) -> dict:
   found = fastpath.verdict(policy, None, ["conv"], {"avx512_bf16"}, [], "Zen",
                            step_ms)
-  found.update(source="this model's step, measured", note=None)
-  return found
+  found.source = "this model's step, measured"
+  return typed.to_dict(found)
 
 
 def test_a_slow_step_measured_before_step_1_is_the_slow_kernel_finding(spr):
   """No kernel table to name the op: the finding says what the step timing measured
   and reruns under the policy measured fastest."""
   ms = {"float32": 200.0, "mixed_bfloat16": 2400.0, "mixed_float16": 740.0}
-  patch(spr / F16, kernels=cost_verdict("mixed_float16", ms))
+  patch(spr / F16, policy_verdict=cost_verdict("mixed_float16", ms))
   shutil.rmtree(spr / F32)  # No sibling: the measurement sets the severity.
   shutil.rmtree(spr / BF16)
   found = top(spr / F16)

@@ -35,6 +35,23 @@ def row(t, op, dtype):
   return next(r for r in t["rows"] if r["op"] == op and r["dtype"] == dtype)
 
 
+def from_verbose_logs(logs: dict[str, str], op_of: dict[tuple[str, str], str],
+                      cpu: str, source: str) -> dict:
+  """A table from recorded ONEDNN_VERBOSE logs (one per dtype), timed by oneDNN's own
+  exec times: `op_of[(kind, prop)]` names the TF op each primitive served. How
+  tests/data/kernels/intel_spr_amx_recorded.json was built (no machine to probe)."""
+  rows = []
+  for dtype, text in logs.items():
+    for p in onednn.parse(text):
+      op = op_of.get((p.kind, p.prop))
+      if op:
+        rows.append({"op": op, "dtype": dtype, "impl": p.label, "ms": p.ms,
+                     "reference": p.reference})
+  return {"schema": kernels.SCHEMA, "source": source, "cpu": cpu, "logical_cpus": None,
+          "onednn_isa": next(filter(None, map(onednn.isa, logs.values())), None),
+          "tf_version": None, "rows": kernels.with_ratios(rows), "seconds": None}
+
+
 def test_spr_logs_float16_backward_weights_is_the_reference_kernel():
   by = {(p.kind, p.prop, p.src_dtype): p for d, text in spr_logs().items()
         for p in onednn.parse(text)}
@@ -49,9 +66,8 @@ def test_spr_logs_float16_backward_weights_is_the_reference_kernel():
 
 
 def test_the_recorded_spr_table_is_what_the_logs_say():
-  rebuilt = kernels.from_verbose_logs(spr_logs(), SPR_OPS,
-                                      "Intel(R) Xeon(R) Processor",
-                                      table("intel_spr_amx_recorded.json")["source"])
+  rebuilt = from_verbose_logs(spr_logs(), SPR_OPS, "Intel(R) Xeon(R) Processor",
+                              table("intel_spr_amx_recorded.json")["source"])
   assert rebuilt == table("intel_spr_amx_recorded.json")
   f16 = row(rebuilt, "Conv2DBackpropFilter", "float16")
   assert f16["impl"] == "convolution:ref:any on float16" and f16["ratio"] > 100
@@ -94,47 +110,47 @@ def test_the_dev_machine_probe_output_parses():
 def test_spr_float16_warns_names_the_kernel_and_suggests_bfloat16():
   found = fastpath.verdict("mixed_float16", table("intel_spr_amx_recorded.json"),
                            CONVNET, SPR_FLAGS, [], "this CPU (Xeon)")
-  assert found["slow"] and found["evidence"] == "probe" and found["ratio"] > 10
-  assert (found["op"], found["reference"]) == ("Conv2DBackpropFilter", True)
-  assert found["fastest"] == "mixed_bfloat16"
-  text = found["text"]
+  assert found.slow and found.evidence == "probe" and found.ratio > 10
+  assert (found.op, found.reference) == ("Conv2DBackpropFilter", True)
+  assert found.fastest == "mixed_bfloat16"
+  text = found.text
   for words in ("mixed_float16", "float16 Conv2DBackpropFilter", "ref:any",
                 "reference kernel", "--policy=mixed_bfloat16"):
     assert words in text, (words, text)
   # The flags (AVX512_FP16) promised a fast path: the verdict says they were wrong.
-  assert "promise a fast float16 path" in found["contradicts"]
+  assert "promise a fast float16 path" in found.contradicts
 
 
 def test_spr_bfloat16_is_fast_and_float32_is_told_about_it():
   t = table("intel_spr_amx_recorded.json")
   bf16 = fastpath.verdict("mixed_bfloat16", t, CONVNET, SPR_FLAGS, [], "Xeon")
-  assert not bf16["slow"] and bf16["text"] is None and bf16["ratio"] < 0.5
+  assert not bf16.slow and bf16.text is None and bf16.ratio < 0.5
   f32 = fastpath.verdict("float32", t, CONVNET, SPR_FLAGS, [], "Xeon")
-  assert not f32["slow"] and f32["fastest"] == "mixed_bfloat16"
+  assert not f32.slow and f32.fastest == "mixed_bfloat16"
 
 
 def test_dev_machine_float16_warns_and_suggests_bfloat16():
   found = fastpath.verdict("mixed_float16", table("amd_epyc_zen4_recorded.json"),
                            CONVNET, ZEN4_FLAGS, [], "this CPU (AMD EPYC)")
-  assert found["slow"] and found["fastest"] == "mixed_bfloat16"
-  assert found["contradicts"] is None  # The flags said float16 is emulated: agreed.
-  assert "--policy=mixed_bfloat16" in found["text"]
+  assert found.slow and found.fastest == "mixed_bfloat16"
+  assert found.contradicts is None  # The flags said float16 is emulated: agreed.
+  assert "--policy=mixed_bfloat16" in found.text
 
 
 def test_nothing_slow_means_no_warning():
   t = table("nothing_slow_synthetic.json")
   for policy in ("mixed_float16", "mixed_bfloat16"):
     found = fastpath.verdict(policy, t, CONVNET, set(), [], "synthetic")
-    assert not found["slow"] and found["text"] is None
+    assert not found.slow and found.text is None
     # No AVX512_FP16/BF16 in the flags, yet measured fast: said in words.
-    assert "but its kernels measured" in found["contradicts"]
+    assert "but its kernels measured" in found.contradicts
 
 
 def test_without_a_table_the_flags_decide():
   found = fastpath.verdict("mixed_float16", None, CONVNET, ZEN4_FLAGS, [], "Zen")
-  assert found["evidence"] == "flags" and found["slow"]
-  assert found["fastest"] == "mixed_bfloat16" and "emulated" in found["text"]
-  assert fastpath.verdict("mixed_float16", None, CONVNET, SPR_FLAGS, [], "x")["text"] is None
+  assert found.evidence == "flags" and found.slow
+  assert found.fastest == "mixed_bfloat16" and "emulated" in found.text
+  assert fastpath.verdict("mixed_float16", None, CONVNET, SPR_FLAGS, [], "x").text is None
 
 
 def test_families_come_from_the_layers():

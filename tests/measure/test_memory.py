@@ -204,10 +204,10 @@ def test_inspect_reports_the_estimate_per_policy(tmp_path, monkeypatch, rewrite_
   activations take half float32's memory; with it off (Eigen's emulated kernels,
   float32 working copies), as much."""
   from mpt import config
-  from mpt.train import inspect, keras_fit
+  from mpt.train import dryrun, keras_fit
   monkeypatch.setattr(keras_fit, "onednn_rewrite_on", lambda: rewrite_on)
-  result = inspect.inspect_only(config.Config(image_size=32, batch_size=64,
-                                              logdir=str(tmp_path)))
+  result = dryrun.inspect_only(config.Config(image_size=32, batch_size=64,
+                                             logdir=str(tmp_path)))
   mem = json.loads((pathlib.Path(result["run_dir"]) / "memory.json").read_text())
   assert set(mem["policies"]) == set(preflight.POLICIES) and mem["batch_size"] == 64
   f32, bf16 = mem["policies"]["float32"], mem["policies"]["mixed_bfloat16"]

@@ -105,9 +105,9 @@ def test_both_loops_train_with_it_and_inspect_and_checkpoints_see_it(tiny, loop)
 
 
 def test_synchronized_batchnorm_keeps_keras_layer_and_says_so(tiny, capsys):
-  from mpt.train import run
+  from mpt.train import model as model_lib
   from helpers import CPU_DEVICES
-  model = run.build_model(tiny(batchnorm="fused", strategy="mirrored",
-                               cpu_devices=CPU_DEVICES), 10, replicas=2)
+  model = model_lib.build_model(tiny(batchnorm="fused", strategy="mirrored",
+                                     cpu_devices=CPU_DEVICES), 10, replicas=2)
   assert "only Keras' layer does; keeping Keras' layer" in capsys.readouterr().out
   assert any(isinstance(l, keras.layers.BatchNormalization) for l in model.layers)

@@ -91,7 +91,6 @@ def test_every_variant_builds_has_a_float32_output_and_trains_a_step(name, polic
 
 @pytest.mark.parametrize("name", [v for v in VARIANTS if v != "seed_convnet"])
 def test_every_other_variant_trains_end_to_end(tiny, name):
-  from mpt.train import run as train
   opts = ",".join(f"{k}={v}" for k, v in SMALL.get(name, {}).items())
   summary = train_run(tiny(model=name, model_opts=opts, epochs=1,
                                           steps_per_epoch=3, checkpoint_every=0))

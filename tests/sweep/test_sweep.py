@@ -22,6 +22,8 @@ from mpt.machine import isa
 from mpt.records import cells
 from mpt.records import summary as summary_lib
 from mpt.records.cells import Cell
+from mpt.records.machine import Stat, Utilisation
+from mpt.records.memory import Estimate, Line, MemoryPlan
 from mpt.sweep import report as sweep_report
 from mpt.sweep import run as sweep
 from mpt.sweep.options import SweepOptions
@@ -300,9 +302,9 @@ def test_a_rows_xla_setting_is_parsed_in_one_place(text, xla):
 def test_a_finished_cells_figures_come_from_its_summary(tmp_path):
   path = tmp_path / "summary.json"
   summary_lib.RunSummary(status="completed", ms_per_step=12.5, images_per_sec=320.0,
-                         val_accuracy=0.5, device="CPU", util={
-                             "rss_mb": {"max": 900.0},
-                             "process_cpu_percent": {"mean": 150.0}}).write(path)
+                         val_accuracy=0.5, device="CPU", util=Utilisation(
+                             rss_mb=Stat(mean=800.0, max=900.0),
+                             process_cpu_percent=Stat(mean=150.0, max=190.0))).write(path)
   assert cells.figures_from_summary(path) == dict(
       ms_per_step=12.5, images_per_sec=320.0, val_accuracy=0.5, device="CPU",
       peak_rss_mb=900.0, cpu_percent=150.0)
@@ -318,17 +320,17 @@ def test_cells_predicted_not_to_fit_are_recorded_without_starting(tmp_path, monk
   (--force starts it), and the sweep's memory finding reads it as an OOM."""
   from mpt.measure import memory
   monkeypatch.setattr(memory, "available_mb", lambda: (1000.0, "available (test)"))
-  plan = {"policies": {  # float32 needs 100 MB per example, bfloat16 50.
-      "float32": {"fixed_mb": 600.0, "per_example_mb": 100.0, "baseline_mb": 500.0},
-      "mixed_bfloat16": {"fixed_mb": 600.0, "per_example_mb": 50.0,
-                         "baseline_mb": 500.0}}}
+  plan = MemoryPlan(  # float32 needs 100 MB per example, bfloat16 50.
+      Estimate("float32", 4, 500.0, 50.0, 25.0, 25.0, 0.0, 100.0, 0.0),
+      policies={"float32": Line(600.0, 100.0, 500.0),
+                "mixed_bfloat16": Line(600.0, 50.0, 500.0)})
   started = []
 
   def fake_run(cfg, cell, out, timeout):
     started.append((cell.batch_size, cell.policy))
     run_dir = out / "cells" / cell.id
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "summary.json").write_text(json.dumps({"memory": plan}))
+    summary_lib.RunSummary(status="completed", memory=plan).write(run_dir / "summary.json")
     return dataclasses.replace(cell, status="ok", ms_per_step=10.0, run_dir=str(run_dir))
 
   monkeypatch.setattr(sweep, "run_cell", fake_run)

@@ -49,8 +49,9 @@ def test_the_users_command_warns_once_before_step_1_on_spr_evidence(tmp_path):
   run = next(p for p in (tmp_path / "logs").iterdir() if p.is_dir())  # Not runs.csv.
   summary = json.loads((run / "summary.json").read_text())
   assert summary["slow_path_warning"] == warnings[0][len("WARNING: "):]
-  assert summary["kernels"]["evidence"] == "probe" and summary["kernels"]["slow"]
-  assert "intel_spr_amx_recorded.json" in summary["kernels"]["source"]
+  verdict = summary["policy_verdict"]
+  assert verdict["evidence"] == "probe" and verdict["slow"]
+  assert "intel_spr_amx_recorded.json" in verdict["source"]
 
 
 @pytest.mark.parametrize("kernels,policy", [
@@ -123,21 +124,19 @@ def test_auto_drops_a_candidate_whose_first_step_is_too_slow_and_a_non_finite_on
       ran[self.policy] = ran.get(self.policy, 0) + 1
       return {"loss": script[self.policy][1]}
   chosen, choice = choose_on(monkeypatch, clock, Steps)
-  rows = {r["policy"]: r for r in choice["candidates"]}
+  rows = {r.policy: r for r in choice.candidates}
   # bfloat16 is fastest but its loss was not finite; float16's first step was more
   # than 5x the best usable first step (float32's 1000 ms), so it stopped there.
   assert chosen == "float32" and ran == {"float32": 4, "mixed_bfloat16": 4,
                                          "mixed_float16": 1}
-  assert rows["float32"]["ms_per_step"] == pytest.approx(100.0)  # Median of the rest.
-  assert rows["mixed_bfloat16"]["finite"] is False and rows["mixed_bfloat16"][
-      "dropped"] is None
-  assert rows["mixed_float16"]["ms_per_step"] is None
-  assert rows["mixed_float16"]["dropped"] == ("first step > 5x the best so far "
-                                              "(6000 ms)")
+  assert rows["float32"].ms_per_step == pytest.approx(100.0)  # Median of the rest.
+  assert rows["mixed_bfloat16"].finite is False and rows["mixed_bfloat16"].dropped is None
+  assert rows["mixed_float16"].ms_per_step is None
+  assert rows["mixed_float16"].dropped == "first step > 5x the best so far (6000 ms)"
   table = autopolicy.format_table(choice)
   assert "non-finite loss" in table and "first step > 5x" in table and "chosen" in table
-  assert math.isclose(rows["mixed_bfloat16"]["vs_float32"], 100 / 60)
-  assert choice["seconds"] == pytest.approx(1.3 + 1.08 + 6.0)  # On the scripted clock.
+  assert math.isclose(rows["mixed_bfloat16"].vs_float32, 100 / 60)
+  assert choice.seconds == pytest.approx(1.3 + 1.08 + 6.0)  # On the scripted clock.
 
 
 @pytest.mark.parametrize("predicted,timed,chosen", [
@@ -161,11 +160,11 @@ def test_a_measured_cost_leaves_only_the_policies_in_doubt_to_time(
       clock.now += predicted[self.policy] / 1e3
       return {"loss": 0.5}
   got, choice = choose_on(monkeypatch, clock, Steps, predicted=predicted)
-  rows = {r["policy"]: r for r in choice["candidates"]}
+  rows = {r.policy: r for r in choice.candidates}
   assert ran == timed and got == chosen
-  assert rows["mixed_float16"]["dropped"] == ("predicted 5x the fastest (~400 ms/step): "
-                                              "not timed")
-  assert choice["steps_timed"] == (3 if timed else 0)
+  assert rows["mixed_float16"].dropped == ("predicted 5x the fastest (~400 ms/step): "
+                                           "not timed")
+  assert choice.steps_timed == (3 if timed else 0)
   table = autopolicy.format_table(choice)
   assert ("chosen on its predicted cost, not timed" in table) is (not timed)
 
@@ -175,6 +174,6 @@ def test_auto_is_for_single_training_runs(tiny, tmp_path):
     sweep.run(tiny(policy="auto"), SweepOptions())
   with pytest.raises(UserError, match="--policy=auto is for single runs"):
     sweep.run(tiny(), SweepOptions(policies="float32,auto"))
-  from mpt.train import inspect
+  from mpt.train import dryrun
   with pytest.raises(UserError, match="use it with --mode=train"):
-    inspect.inspect_only(tiny(policy="auto"))
+    dryrun.inspect_only(tiny(policy="auto"))

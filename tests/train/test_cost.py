@@ -13,12 +13,13 @@ import pytest
 
 from mpt import config
 from mpt.machine import fastpath
+from mpt.machine import isa
 from mpt.records import cost as cost_lib
 from mpt.records.cost import Cost, PolicyCost
 from mpt.train import cost
+from mpt.train import model
 from mpt.train import precision
 from mpt.train import preflight
-from mpt.train import run
 
 from helpers import DATA, mpt_forked, tiny_flags
 
@@ -54,12 +55,16 @@ class ScriptedCalls:
     return Counted
 
 
+def key(cfg) -> dict:
+  return cost_lib.key_for(cfg, precision_onednn(), isa.detect())
+
+
 def tiny_cfg(**changes) -> config.Config:
   return dataclasses.replace(config.Config(image_size=16, batch_size=32), **changes)
 
 
 def build(cfg):
-  return lambda: run.build_model(cfg, 10)
+  return lambda: model.build_model(cfg, 10)
 
 
 @pytest.mark.parametrize("calls,expect_ms,timed,stopped", [
@@ -116,7 +121,7 @@ def test_measured_once_then_read_from_the_cache_and_short_runs_skip_it(monkeypat
 
   def fake_measure(cfg, build, policies, base=None):
     calls.append(list(policies))
-    return Cost(cost_lib.key_for(cfg, precision_onednn()), precision_onednn(), 32,
+    return Cost(key(cfg), precision_onednn(), 32,
                 [PolicyCost(p, ms_per_step=1.0 + i) for i, p in enumerate(policies)])
 
   monkeypatch.setattr(cost, "measure", fake_measure)
@@ -144,13 +149,13 @@ def test_a_partial_cache_of_the_onednn_choice_is_completed_not_remeasured(monkey
   monkeypatch.delenv("MPT_COST")
   cfg = tiny_cfg(image_size=18)
   f32 = PolicyCost("float32", ms_per_step=50.0, first_ms=90.0, second_ms=60.0)
-  cost_lib.save(Cost(cost_lib.key_for(cfg, precision_onednn()), precision_onednn(), 32,
+  cost_lib.save(Cost(key(cfg), precision_onednn(), 32,
                      [f32, PolicyCost("mixed_float16", ms_per_step=150.0)]))
   seen = {}
 
   def fake_measure(cfg, build, policies, base=None):
     seen.update(policies=list(policies), base=base)
-    return Cost(cost_lib.key_for(cfg, precision_onednn()), precision_onednn(), 32,
+    return Cost(key(cfg), precision_onednn(), 32,
                 [base, PolicyCost("mixed_bfloat16", ms_per_step=25.0)])
 
   monkeypatch.setattr(cost, "measure", fake_measure)
@@ -181,7 +186,7 @@ def test_the_warning_fires_exactly_from_2x_the_measured_step(f16_ms, warned, tmp
                                             "mixed_float16": f16_ms}))
   verdict = precision.check_speed("mixed_float16", ["Conv2D", "Dense"], found)
   out = capsys.readouterr().out
-  assert verdict["evidence"] == "cost" and verdict["slow"] is warned
+  assert verdict.evidence == "cost" and verdict.slow is warned
   assert ("WARNING" in out) is warned
   if warned:
     assert "this model's step measured 2.0x float32's time here (~400 vs ~200 " \
@@ -193,7 +198,7 @@ def test_without_a_step_measurement_the_kernel_table_decides():
   table = json.loads((DATA / "kernels" / "intel_spr_amx_recorded.json").read_text())
   found = fastpath.verdict("mixed_float16", table, ["conv"], set(), [], "x",
                            {"float32": 100.0})  # float32 alone: nothing to compare.
-  assert found["evidence"] == "probe" and found["slow"]
+  assert found.evidence == "probe" and found.slow
 
 
 def test_the_users_command_on_a_recorded_cost_prints_warns_records_and_replays(
@@ -216,7 +221,7 @@ def test_the_users_command_on_a_recorded_cost_prints_warns_records_and_replays(
   assert "--policy=float32" in warning
   run = next(p for p in (tmp_path / "logs").iterdir() if p.is_dir())
   summary = json.loads((run / "summary.json").read_text())
-  assert summary["kernels"]["evidence"] == "cost"
+  assert summary["policy_verdict"]["evidence"] == "cost"
   assert summary["cost"]["source"] == f"recorded: {path}"
   assert summary["onednn"] in ("on", "off")
   assert f"--onednn={summary['onednn']}" in (run / "flags.txt").read_text().split()

@@ -52,7 +52,7 @@ def test_folder_loader_decodes_everything_and_skips_corrupt_files(tree):
   assert (d.n_train, d.n_val) == (3 + 3 + 3, 4)  # 10 image files, the corrupt one out
   assert [pathlib.Path(p).name for p in d.skipped_files] == ["corrupt.JPEG"]
   assert d.steps_per_epoch == 3  # ceil(9 / 4)
-  images, labels = next(iter(d.train))
+  images, labels = next(iter(d.train_from(0)))
   assert images.shape == (4, 24, 24, 3) and images.dtype == tf.float32
   assert labels.dtype == tf.int32
   val = list(d.val)
@@ -63,11 +63,11 @@ def test_folder_loader_decodes_everything_and_skips_corrupt_files(tree):
 
 def test_training_stream_is_endless_and_seeded(tree):
   cfg = config.Config(dataset=f"folder:{tree}", image_size=8, batch_size=3, seed=5)
-  first = [y.numpy().tolist() for _, y in data.load(cfg).train.take(7)]
-  again = [y.numpy().tolist() for _, y in data.load(cfg).train.take(7)]
+  first = [y.numpy().tolist() for _, y in data.load(cfg).train_from(0).take(7)]
+  again = [y.numpy().tolist() for _, y in data.load(cfg).train_from(0).take(7)]
   assert len(first) == 7 and first == again  # 7 batches > one pass of 9 images
-  other = [y.numpy().tolist()
-           for _, y in data.load(dataclasses.replace(cfg, seed=6)).train.take(7)]
+  reseeded = data.load(dataclasses.replace(cfg, seed=6))
+  other = [y.numpy().tolist() for _, y in reseeded.train_from(0).take(7)]
   assert other != first  # Another seed, another order.
 
 
@@ -90,17 +90,17 @@ def _pipeline_ops(ds) -> tuple[set[str], list[int]]:
 def test_input_work_adds_work_but_leaves_the_batches_as_they_were(tree):
   cfg = config.Config(dataset=f"folder:{tree}", image_size=8, batch_size=3, seed=5)
   loaded = data.load(cfg)
-  plain = [(x.numpy(), y.numpy()) for x, y in loaded.train.take(4)]
+  plain = [(x.numpy(), y.numpy()) for x, y in loaded.train_from(0).take(4)]
   slow = data.load(dataclasses.replace(cfg, input_work=3))
-  worked = [(x.numpy(), y.numpy()) for x, y in slow.train.take(4)]
+  worked = [(x.numpy(), y.numpy()) for x, y in slow.train_from(0).take(4)]
   for (x0, y0), (x1, y1) in zip(plain, worked):
     np.testing.assert_array_equal(x0, x1)
     np.testing.assert_array_equal(y0, y1)
   # The work is in the training pipeline (a blur loop of 3 passes), not in the plain
   # one's, nor in either validation pipeline.
-  ops, bounds = _pipeline_ops(slow.train)
+  ops, bounds = _pipeline_ops(slow.train_from(0))
   assert "DepthwiseConv2dNative" in ops and 3 in bounds, (sorted(ops), bounds)
-  for ds in (loaded.train, loaded.val, slow.val):
+  for ds in (loaded.train_from(0), loaded.val, slow.val):
     assert "DepthwiseConv2dNative" not in _pipeline_ops(ds)[0]
 
 

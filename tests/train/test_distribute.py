@@ -11,7 +11,8 @@ from mpt.train import distribute
 from mpt.train import run as train
 from mpt.errors import UserError
 
-from helpers import CPU_DEVICES, Forked, mpt_forked, mpt_forked_start, read_scalars
+from helpers import (CPU_DEVICES, Forked, local_cluster, mpt_forked, mpt_forked_start,
+                     read_scalars)
 
 CLUSTER = {"worker": ["127.0.0.1:20001", "127.0.0.1:20002"]}
 
@@ -154,7 +155,7 @@ def test_a_worker_that_dies_or_hangs_stops_the_cluster_which_then_resumes(
     """Two workers, each a process of its own forked from a server that imported
     TensorFlow (helpers.mpt_forked_start): no import to pay at each of the 4 starts."""
     procs = []
-    for index, tf_config in enumerate(distribute.local_cluster(2)):
+    for index, tf_config in enumerate(local_cluster(2)):
       env = {"TF_CONFIG": tf_config, "TMPDIR": str(scratch)}
       if index == 1 and kill_at:
         env["MPT_KILL_AT"] = kill_at

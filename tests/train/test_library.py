@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from helpers import ROOT, read_events
+from helpers import read_events
 from mpt.records import summary as summary_lib
 
 USER_SCRIPT = '''

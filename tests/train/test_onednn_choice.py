@@ -3,12 +3,12 @@ environment, TF's default, or measured per setting in children before TensorFlow
 starts; read back by the training process and recorded. The measuring is a stand-in
 (scripted costs) except in one test, whose child really runs with the variable set."""
 
-import dataclasses
 import os
 
 import pytest
 
 from mpt import config
+from mpt.machine import isa
 from mpt.records import cost as cost_lib
 from mpt.records.cost import Cost, PolicyCost
 from mpt.train import onednn_choice
@@ -135,7 +135,7 @@ def test_the_measuring_child_runs_under_the_setting_it_was_given(zen3, tmp_path,
   found, error = onednn_choice._measure(cfg, False, ["float32"])
   assert error == "" and found.onednn is False and found.key["onednn"] is False
   assert found.of("float32").ms_per_step > 0
-  assert cost_lib.cached(cost_lib.key_for(cfg, False)) is not None  # Cached for the run.
+  assert cost_lib.cached(cost_lib.key_for(cfg, False, isa.detect())) is not None  # Cached for the run.
 
 
 @pytest.mark.parametrize("choice,expect", [

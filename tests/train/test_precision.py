@@ -1,4 +1,4 @@
-"""Policy, hardware fast-path checks (with fake hardware) and dynamic loss scaling."""
+"""Policy, its description and dynamic loss scaling."""
 
 import keras
 import numpy as np
@@ -8,28 +8,6 @@ import tensorflow as tf
 from mpt import models
 from mpt.train import precision
 from mpt.train import steps as steps_lib
-
-
-@pytest.mark.parametrize("policy,flags,gpus,expect", [
-    ("float32", set(), [], None),
-    ("mixed_float16", {"avx2", "fma"}, [], "--policy=float32"),
-    ("mixed_float16", {"avx2", "avx512_bf16"}, [], "--policy=mixed_bfloat16"),
-    ("mixed_float16", {"avx512_fp16"}, [], None),
-    ("mixed_float16", {"amx_fp16"}, [], None),
-    ("mixed_bfloat16", {"avx512_bf16"}, [], None),
-    ("mixed_bfloat16", {"amx_bf16"}, [], None),
-    ("mixed_bfloat16", {"avx2"}, [], "no AVX512_BF16/AMX-BF16"),
-    ("mixed_float16", set(), [(6, 1)], "compute capability 6.1 has no Tensor Core"),
-    ("mixed_float16", set(), [(7, 0)], None),
-    ("mixed_bfloat16", {"avx512_bf16"}, [(7, 5)], "--policy=mixed_float16"),
-    ("mixed_bfloat16", set(), [(8, 0)], None),
-])
-def test_slow_path_warning_on_fake_hardware(policy, flags, gpus, expect):
-  message = precision.slow_path_warning(policy, flags, gpus)
-  if expect is None:
-    assert message is None
-  else:
-    assert expect in message and "\n" not in message
 
 
 def test_describe_prints_compute_and_variable_dtype():

@@ -9,6 +9,9 @@ from mpt.train import synthetic
 from mpt.errors import UserError
 from mpt.machine import isa
 from mpt.records import runs
+from mpt.records.memory import MemoryPlan
+from mpt.records.summary import RunSummary
+from mpt.records.verdict import PolicyVerdict
 
 from helpers import mpt_forked, read_events, read_scalars, tiny_flags, train_run
 
@@ -36,6 +39,14 @@ def test_train_writes_summary_and_events(tiny, loop, policy):
   summary = json.loads(open(f"{run_dir}/summary.json").read())
   assert summary["run_dir"] == run_dir and summary["steps"] == returned["steps"]
   assert SUMMARY_KEYS <= set(summary)
+  # Every key the run wrote, at every depth, is a field of the typed record: a field
+  # renamed on one side only would be left over here (and read back as a default).
+  unknown = []
+  record = RunSummary.from_dict(summary, unknown)
+  assert unknown == [] and record.to_dict() == summary
+  assert isinstance(record.policy_verdict, PolicyVerdict)
+  assert isinstance(record.memory, MemoryPlan) and record.memory.peak_rss_mb > 0
+  assert record.util.process_cpu_percent.mean > 0 and record.hardware.cpu_count > 0
   assert summary["status"] == "completed"
   assert (summary["compute_dtype"], summary["variable_dtype"]) == (COMPUTE[policy],
                                                                    "float32")

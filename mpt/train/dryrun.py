@@ -11,6 +11,7 @@ import numpy as np
 import tensorflow as tf
 
 from mpt import config
+from mpt import files
 from mpt import models
 from mpt.errors import UserError
 from mpt.measure import dtypes as dtypes_lib
@@ -18,7 +19,7 @@ from mpt.measure import memory
 from mpt.records import rundir
 from mpt.train import precision
 from mpt.train import preflight
-from mpt.train.run import build_model
+from mpt.train.model import build_model
 
 
 def inspect_only(cfg: config.Config) -> dict[str, Any]:
@@ -47,8 +48,8 @@ def inspect_only(cfg: config.Config) -> dict[str, Any]:
   mem = preflight.table(ests, available, where)
   print(mem["text"])
   run_dir = rundir.create(cfg, "inspect")
-  rundir.write_json(run_dir / "dtypes.json", report)
-  rundir.write_json(run_dir / "memory.json", mem)
+  files.write_json(run_dir / "dtypes.json", report)
+  files.write_json(run_dir / "memory.json", mem)
   with tf.summary.create_file_writer(str(run_dir)).as_default(step=0):
     tf.summary.text("inspect/dtypes", dtypes_lib.format_table(report, markdown=True))
   print(f"mpt: wrote {run_dir / 'dtypes.json'}")

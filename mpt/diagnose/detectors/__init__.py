@@ -1,0 +1,73 @@
+"""The diagnosis' rules: each detector reads one kind of evidence about a run
+(mpt/diagnose/evidence.py) and returns a `Finding` or None; this module says which
+runs, in what order, and which finding supersedes which.
+
+  kernels.py    the policy verdict before training (step cost, kernel probe) and,
+                where nothing was measured, the CPU flags / compute capability
+  speed.py      the measured speed against the runs next to it, the oneDNN setting
+  timing.py     the run's own step timing and the utilisation sampler
+  shapes.py     the model's layers (dtypes.json) beside the trace
+  precision.py  the loss scale and the memory estimate
+
+No detector calls another: when one finding explains what another would report, the
+other is not run (`SUPERSEDED_BY`), and each detector runs once per diagnosis. Pure
+functions over plain data: no TensorFlow here, so the detectors are tested on
+recorded run folders and on their threshold edges (tests/diagnose/).
+"""
+
+from typing import Callable
+
+from mpt.diagnose.detectors import kernels, precision, shapes, speed, timing
+from mpt.diagnose.evidence import Evidence
+from mpt.diagnose.findings import Finding
+
+# In the order the diagnosis lists what it checked.
+DETECTORS: dict[str, Callable[[Evidence], Finding | None]] = {
+    "slow_kernel": kernels.slow_kernel, "hardware": kernels.hardware,
+    "opportunity": kernels.opportunity, "loss_scale": precision.loss_scale,
+    "input_bound": timing.input_bound, "low_utilisation": timing.low_utilisation,
+    "shared_machine": timing.shared_machine, "misaligned": shapes.misaligned,
+    "float32_work": shapes.float32_work, "batchnorm_cost": shapes.batchnorm_cost,
+    "no_speedup": speed.no_speedup, "achieved_rate": timing.achieved_rate,
+    "tf32": kernels.tf32, "memory_estimate": precision.memory_estimate,
+    "onednn": speed.onednn,
+}
+# A detector is not run when one of these found something: that finding already
+# explains the run (the slow kernel gives the faster policy's advice; a 16-bit run
+# slower than float32 is explained by its kernels or the device).
+SUPERSEDED_BY = {
+    "opportunity": ("slow_kernel",),
+    "no_speedup": ("hardware", "slow_kernel", "opportunity"),
+}
+# Detectors that need a file the run may lack (a --noinstrument run has no dtypes).
+NEEDS = {"misaligned": "dtypes.json", "float32_work": "dtypes.json",
+         "batchnorm_cost": "dtypes.json"}
+
+
+def _order() -> list[str]:
+  """DETECTORS with every superseding detector before those it supersedes."""
+  done: list[str] = []
+
+  def visit(name: str) -> None:
+    for first in SUPERSEDED_BY.get(name, ()):
+      visit(first)
+    if name not in done:
+      done.append(name)
+
+  for name in DETECTORS:
+    visit(name)
+  return done
+
+
+def run(ev: Evidence) -> tuple[list[Finding], list[str]]:
+  """(the findings, the checks that found nothing), each in DETECTORS' order; a
+  superseded check counts as clear, a check without its file is left out."""
+  results: dict[str, Finding | None] = {}
+  for name in _order():
+    if name in NEEDS and ev.dtypes is None:
+      continue
+    superseded = any(results.get(first) for first in SUPERSEDED_BY.get(name, ()))
+    results[name] = None if superseded else DETECTORS[name](ev)
+  found = [results[n] for n in DETECTORS if results.get(n)]
+  clear = [n for n in DETECTORS if n in results and not results[n]]
+  return found, clear

@@ -1,0 +1,95 @@
+"""Detectors that read the run's measured speed against its neighbours: a 16-bit run
+no faster than the float32 run next to it (when nothing before step 1 explains it),
+and a run that trained with the slower of TF's two oneDNN settings.
+"""
+
+from mpt.diagnose import findings as words
+from mpt.diagnose.evidence import Evidence
+from mpt.diagnose.findings import Finding, x
+from mpt.diagnose.thresholds import HIGH_LOSS, ONEDNN_MARGIN, SLOWER_THAN_FLOAT32
+from mpt.machine import hardware as hardware_lib
+
+SIXTEEN = hardware_lib.SIXTEEN
+
+
+def _fast_here(ev: Evidence, policy: str) -> bool:
+  return policy not in SIXTEEN or ev.no_fast_path(policy) is None
+
+
+def favoured_policy(ev: Evidence) -> tuple[str, str] | None:
+  """(the policy the evidence favours over this run's, what that rests on), for a run
+  with no measurement before step 1: the fastest sibling run of the same
+  configuration (a 16-bit one only where the CPU flags give it a fast path), else the
+  CPU flags / compute capability."""
+  s = ev.summary
+  times = {p: o.ms_per_step for p, o in ev.siblings.items()
+           if o.ms_per_step and _fast_here(ev, p)}
+  if times:
+    best = min(times, key=times.get)
+    flags = (f"; the CPU flags give {SIXTEEN[best]} a fast path" if best in SIXTEEN
+             else "")
+    return best, (f"its sibling run under {best} measured {times[best]:.1f} ms/step "
+                  f"next to this one's {s.ms_per_step:.1f}{flags}")
+  for policy in ("mixed_bfloat16", "mixed_float16", "float32"):
+    if policy != s.policy and _fast_here(ev, policy):
+      return policy, ("the CPU flags / compute capability give it a fast path; no run "
+                      "of it next to this one measured it")
+  return None
+
+
+def no_speedup(ev: Evidence) -> Finding | None:
+  """A 16-bit run measured slower than the float32 run next to it; superseded by the
+  detectors that explain why (`hardware`, `slow_kernel`, `opportunity`). Without a
+  measurement before step 1, a run HIGH_LOSS or more times slower gets the policy the
+  evidence favours as its next step."""
+  s, speedup = ev.summary, ev.speedup
+  if s.policy not in SIXTEEN or speedup is None or speedup >= SLOWER_THAN_FLOAT32:
+    return None
+  evidence, based_on = [words.baseline_line(ev)], ["sibling runs"]
+  step = words.where_time_goes(ev)
+  k = ev.verdict
+  if k:
+    evidence.append(f"the {words.measured_by(k)} measured this model's ops at "
+                    f"{x(k.ratio)} float32's time under {s.policy}: the kernels do not "
+                    f"explain the loss, the rest of the step does (casts, per-op "
+                    f"overhead, input)")
+    based_on.append(k.basis)
+    step = (f"{ev.rerun('float32')} (measured faster next to it); to see where the "
+            f"time goes: " + words.where_time_goes(ev, advice=False))
+  elif 1 / speedup >= HIGH_LOSS:
+    favoured = favoured_policy(ev)
+    if favoured:
+      evidence.append(f"nothing was measured before step 1 (a run made before mpt timed "
+                      f"the step per policy); {favoured[1]}")
+      step = (f"{ev.rerun(favoured[0])}: the policy the evidence favours "
+              f"({favoured[1]}); " + words.where_time_goes(ev, advice=False))
+      based_on.append("flags")
+  if ev.top_ops:
+    based_on.append("trace")
+  return Finding("no_speedup", words.loss_severity(1 / speedup), 1 - speedup,
+                 "no speed-up over float32",
+                 f"speed-up over float32 < {SLOWER_THAN_FLOAT32:g}x; high from "
+                 f"{HIGH_LOSS:g}x float32's time", evidence, step, based_on,
+                 1 / speedup)
+
+
+def onednn(ev: Evidence) -> Finding | None:
+  """The run trained with TF's oneDNN rewrite in the setting measured slower for its
+  policy (summary.json `onednn_choice`: both settings measured before step 1)."""
+  s, choice = ev.summary, ev.summary.onednn_choice
+  ms, ran = choice.measured_ms if choice else {}, s.onednn
+  other = {"on": "off", "off": "on"}.get(ran)
+  if not other or not ms.get(ran) or not ms.get(other):
+    return None
+  loss = ms[ran] / ms[other]
+  if loss < 1 + ONEDNN_MARGIN:
+    return None
+  return Finding(
+      "onednn", "high" if loss >= HIGH_LOSS else "medium", 1 - 1 / loss,
+      f"TF's oneDNN rewrite was {ran}, measured {x(loss)} slower than {other} here",
+      f"the setting the run trained with measured >= {1 + ONEDNN_MARGIN:g}x the other "
+      f"for this model's step before step 1",
+      [f"this model's step measured ~{ms['on']:.0f} ms/step with the rewrite on, "
+       f"~{ms['off']:.0f} off; the run had it {ran} ({choice.why or '?'}; "
+       f"TF_ENABLE_ONEDNN_OPTS={s.tf_enable_onednn_opts or 'unset'})"],
+      f"{ev.rerun(s.policy)} --onednn={other}", ["step cost"], None)

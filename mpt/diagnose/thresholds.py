@@ -1,0 +1,29 @@
+"""The diagnosis' thresholds, in one place: each finding prints its own next to it, and
+tests/diagnose/test_diagnose.py checks that docs/diagnosis.md states them as they are.
+"""
+
+from mpt.machine import fastpath
+
+INPUT_WAIT_SHARE = 0.10      # data-wait share of step time: input bound at or above
+UTILISATION = 0.50           # busy share of the device below which a run is starved
+MISALIGNED_SHARE = 0.05      # forward-FLOP share in layers with dims not multiples of 8
+FLOAT32_FLOP_SHARE = 0.10    # forward-FLOP share left in float32 under a 16-bit policy
+FLOAT32_TIME_SHARE = 0.10    # traced op time in float32 layers and casts
+BATCHNORM_TIME_SHARE = 0.20  # traced op time in Keras' BatchNormalization layers
+SKIPPED_SHARE = 0.02         # skipped (non-finite) steps, share of steps run ...
+SETTLING_SKIPS = 2           # ... beyond these: a dynamic scale starts at 2**15 and
+                             # halves (skipping a step) until the gradients fit
+SMALL_STEP_MS = 30.0         # a step this short is mostly per-op launch overhead
+OTHERS_SHARE = 0.25          # share of the CPU other processes used: a shared machine
+MIN_SCALE = 1.0              # a dynamic loss scale below this has collapsed
+ACHIEVED_VS_MICROBENCH = 0.10  # achieved FLOP rate / measured matmul rate
+MEMORY_DISAGREEMENT = 0.30  # |memory estimate / measured peak - 1|
+SLOWER_THAN_FLOAT32 = 1.0    # 16-bit speed-up over float32 below this: no gain
+HIGH_LOSS = 3.0              # a 16-bit run measured this many times float32's time:
+                             # its finding is high and ranked first
+SLOW_KERNELS = fastpath.SLOW  # the probe's time over float32's for this model's ops
+                             # from which the policy's kernels are slow (2x)
+OPPORTUNITY = 1.3            # another policy's measured op time this many times
+                             # faster than the run's: worth switching
+ONEDNN_MARGIN = 0.10         # the oneDNN setting a run ran measured this much slower
+                             # than the other: worth switching

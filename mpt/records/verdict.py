@@ -1,0 +1,71 @@
+"""What is known about a policy's speed on this machine before training, typed: the
+verdict on the run's policy (summary.json `policy_verdict`, mpt/machine/fastpath.py)
+and `--policy=auto`'s timed choice (summary.json `policy_choice`,
+mpt/train/autopolicy.py).
+
+A verdict rests on one of three kinds of evidence, most direct first: "cost" (this
+model's step timed per policy before step 1, mpt/train/cost.py), "probe" (the kernel
+table's representative shapes, mpt/machine/kernels.py) or "flags" (the CPU flags or the
+GPU's compute capability: nothing measured). The first two are `measured`.
+"""
+
+import dataclasses
+
+# The evidence that rests on a measurement, and the name the diagnosis gives each as
+# the basis of a finding (mpt/diagnose/detectors: BASES).
+MEASURED = {"cost": "step cost", "probe": "probe"}
+
+
+@dataclasses.dataclass
+class PolicyVerdict:
+  """The measured verdict on a run's policy here (fields in the order the file has
+  always had them)."""
+  evidence: str = "flags"  # cost | probe | flags
+  # Each policy's predicted ms/step, when the verdict rests on the timed step.
+  step_ms: dict[str, float] | None = None
+  slow: bool = False  # The policy measured >= fastpath.SLOW times float32's time.
+  ratio: float | None = None  # Its time over float32's (None: only the flags spoke).
+  # The op whose 16-bit kernel is slowest against float32's, from the kernel table.
+  op: str | None = None
+  impl: str | None = None  # Its kernel, as oneDNN names it.
+  op_ratio: float | None = None
+  reference: bool = False  # oneDNN's reference (unoptimised) kernel.
+  fastest: str | None = None  # The policy measured fastest, or the flags' advice.
+  fastest_ratio: float | None = None
+  contradicts: str | None = None  # Where the measurement and the CPU flags disagree.
+  policy_ratios: dict[str, float] = dataclasses.field(default_factory=dict)
+  text: str | None = None  # The one-line warning printed before step 1, or None.
+  source: str | None = None  # Where the table or timing came from.
+  note: str | None = None  # The kernel table's note (a stand-in, a failed probe).
+
+  @property
+  def measured(self) -> bool:
+    """Whether a measurement made it, with a ratio for every policy measured."""
+    return self.evidence in MEASURED and bool(self.policy_ratios)
+
+  @property
+  def basis(self) -> str:
+    """The diagnosis' name of what it rests on: "step cost", "probe" or "flags"."""
+    return MEASURED.get(self.evidence, "flags")
+
+
+@dataclasses.dataclass
+class Candidate:
+  """One policy `--policy=auto` considered."""
+  policy: str
+  first_ms: float | None = None  # Its first step (None: not timed).
+  ms_per_step: float | None = None  # Median of the timed steps, or the prediction.
+  finite: bool = True  # Its loss stayed finite.
+  dropped: str | None = None  # Why it was not timed to the end, or None.
+  predicted_ms: float | None = None  # Its step's predicted cost (mpt/train/cost.py).
+  vs_float32: float | None = None  # float32's ms/step over its own.
+
+
+@dataclasses.dataclass
+class PolicyChoice:
+  """`--policy=auto`: each candidate's timed steps, the choice, what choosing cost."""
+  requested: str = "auto"
+  chosen: str = "float32"
+  steps_timed: int = 0
+  candidates: list[Candidate] = dataclasses.field(default_factory=list)
+  seconds: float = 0.0

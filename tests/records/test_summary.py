@@ -1,0 +1,139 @@
+"""summary.json as a typed record (mpt/records/summary.py, typed.py): every recorded file
+reads back with no key left over at any depth, old versions read through `upgrade`, a
+sub-record that is not one fails loudly, and the float32-baseline rule both the
+diagnosis and `--mode=compare` use.
+
+The recorded files are real runs' (tests/data/runs, tests/data/sweeps: see their
+README.md), written by mpt before the schema had a version; a renamed field on either
+side (the writer's key or the record's field) shows up as a key left over.
+"""
+
+import dataclasses
+import json
+
+import pytest
+
+from mpt.errors import UserError
+from mpt.records import summary as summary_lib
+from mpt.records import typed
+from mpt.records.machine import Hardware, Stat, Utilisation
+from mpt.records.memory import Estimate, Line, MemoryPlan
+from mpt.records.summary import RunSummary
+from mpt.records.verdict import Candidate, PolicyChoice, PolicyVerdict
+
+from helpers import DATA
+
+RECORDED = sorted(DATA.glob("**/summary.json"))
+GOLDEN_PATCHES = json.loads((DATA / "golden" / "scenarios.json").read_text())
+
+
+def test_there_are_recorded_files_to_read():
+  versions = {json.loads(p.read_text()).get("schema_version", 1) for p in RECORDED}
+  assert len(RECORDED) >= 10 and 1 in versions, (len(RECORDED), versions)
+
+
+@pytest.mark.parametrize("path", RECORDED, ids=lambda p: str(p.relative_to(DATA)))
+def test_every_recorded_summary_reads_with_nothing_left_over(path):
+  unknown = []
+  s = RunSummary.from_dict(json.loads(path.read_text()), unknown)
+  assert unknown == [], unknown
+  assert s.hardware is None or isinstance(s.hardware, Hardware)
+  stats = [getattr(s.util, f.name) for f in dataclasses.fields(Utilisation)] \
+      if s.util else []
+  assert all(v is None or isinstance(v, Stat) for v in stats)
+
+
+def test_the_patches_of_other_machines_read_with_nothing_left_over():
+  """The verdicts, memory plans and choices the golden scenarios patch in, as the
+  versions before 3 wrote them (`kernels`), at every depth."""
+  for name, scenario in GOLDEN_PATCHES.items():
+    for file, changes in scenario.get("patch", {}).items():
+      if file.endswith("summary.json"):
+        unknown = []
+        s = RunSummary.from_dict({"schema_version": 2, **changes}, unknown)
+        assert unknown == [], (name, unknown)
+        if "kernels" in changes:
+          assert isinstance(s.policy_verdict, PolicyVerdict), name
+          assert s.policy_verdict.ratio == changes["kernels"]["ratio"]
+
+
+def full_summary() -> RunSummary:
+  est = Estimate("mixed_float16", 32, 700.0, 4.0, 4.0, 8.0, 2.0, 1.5, 0.05, True)
+  return RunSummary(
+      status="completed", policy="mixed_float16", ms_per_step=12.5,
+      policy_verdict=PolicyVerdict("cost", {"float32": 10.0, "mixed_float16": 12.5},
+                                   False, 1.25, fastest="float32", fastest_ratio=1.0,
+                                   policy_ratios={"float32": 1.0, "mixed_float16": 1.25}),
+      policy_choice=PolicyChoice("auto", "float32", 3, [
+          Candidate("float32", 20.0, 10.0, vs_float32=1.0),
+          Candidate("mixed_float16", dropped="predicted 1.3x the fastest")], 4.5),
+      memory=MemoryPlan(est, {"mixed_float16": round(est.total_mb, 1)},
+                        {"mixed_float16": est.line()}, 20000.0, "available RAM", 1,
+                        900.0, None, 1.1),
+      util=Utilisation(Stat(150.0, 199.0), Stat(80.0, 100.0)),
+      hardware=typed.from_dict(Hardware, {"cpu": "x", "cpu_count": 2, "gpus": [
+          {"name": "A100", "compute_capability": [8, 0]}], "tf32": True}))
+
+
+def test_a_whole_summary_survives_the_file_unchanged(tmp_path):
+  s = full_summary()
+  s.write(tmp_path / "summary.json")
+  written = json.loads((tmp_path / "summary.json").read_text())
+  assert written["schema_version"] == summary_lib.SCHEMA_VERSION == 3
+  assert "kernels" not in written and written["policy_verdict"]["evidence"] == "cost"
+  # The estimate writes its derived totals for readers of the file, as before.
+  assert written["memory"]["estimate"]["total_mb"] == round(s.memory.estimate.total_mb, 1)
+  unknown = []
+  assert RunSummary.from_dict(written, unknown) == s and unknown == []
+  assert summary_lib.read(tmp_path / "summary.json").gpu_caps == [(8, 0)]
+
+
+def test_a_renamed_key_is_left_over_not_read_as_none():
+  data = typed.to_dict(full_summary())
+  data["policy_verdict"]["ratios"] = data["policy_verdict"].pop("ratio")
+  data["util"]["cpu_percent"] = data["util"].pop("process_cpu_percent")
+  unknown = []
+  s = RunSummary.from_dict(data, unknown)
+  assert unknown == ["policy_verdict.ratios", "util.cpu_percent"]
+  with pytest.raises(AttributeError):
+    s.policy_verdict.ratios  # pylint: disable=pointless-statement
+
+
+def test_older_versions_read_through_one_set_of_rules():
+  v1 = RunSummary.from_dict({"status": "completed", "hardware": {}})
+  assert (v1.schema_version, v1.hardware, v1.batchnorm) == (1, None, "keras")
+  v2 = RunSummary.from_dict({"schema_version": 2, "kernels": {"evidence": "probe"}})
+  assert v2.policy_verdict == PolicyVerdict("probe")
+  # Version 3 has no `kernels`: a newer file's unknown key, dropped.
+  unknown = []
+  v3 = RunSummary.from_dict({"schema_version": 3, "kernels": {"evidence": "probe"}},
+                            unknown)
+  assert v3.policy_verdict is None and unknown == ["kernels"]
+
+
+def test_a_sub_record_that_is_not_one_fails_loudly(tmp_path):
+  path = tmp_path / "summary.json"
+  path.write_text(json.dumps({"memory": {"estimate": {"policy": "float32"}}}))
+  with pytest.raises(UserError, match=r"not a run summary: memory.estimate: .*missing"):
+    summary_lib.read(path)
+  path.write_text(json.dumps({"util": {"rss_mb": 3}}))
+  with pytest.raises(UserError, match="util.rss_mb: not a JSON object"):
+    summary_lib.read(path)
+
+
+def test_the_float32_baseline_is_the_same_configuration_same_loop_then_newest():
+  run = RunSummary(policy="mixed_bfloat16", loop="fit", model="m", batch_size=32)
+  f32 = lambda **kw: dataclasses.replace(run, policy="float32", **kw)
+  candidates = [(f32(loop="custom"), 5.0, "custom, newest"), (f32(), 1.0, "fit, old"),
+                (f32(), 2.0, "fit, newer"), (f32(batch_size=64), 9.0, "other batch"),
+                (dataclasses.replace(run), 9.0, "not float32")]
+  assert summary_lib.baseline_of(run, candidates) == "fit, newer"
+  assert summary_lib.baseline_of(run, candidates[:1]) == "custom, newest"
+  assert summary_lib.baseline_of(run, candidates[3:]) is None
+  assert summary_lib.baseline_of(f32(), candidates) is None  # float32 has none.
+
+
+def test_the_memory_line_is_the_estimate_at_any_batch():
+  est = Estimate("float32", 32, 700.0, 4.0, 4.0, 8.0, 0.0, 2.0, 0.5)
+  assert est.line().total_mb(32) == pytest.approx(est.total_mb)
+  assert est.line() == Line(716.0, 2.5, 700.0)
