@@ -159,7 +159,8 @@ class Config:
                           lower_bound=1)
   sample_every: float = flag(1.0, "Seconds between utilisation samples.")
   profile_steps: str = flag("", "A,B: profile global train steps A..B (1-based, "
-                              "after warm-up) into the run folder.")
+                              "after warm-up) into the run folder; default: on a "
+                              "GPU the 2 steps after warm-up, else none; off: none.")
 
   # Output, checkpoints and resume.
   logdir: str = flag("logs", "Root folder of run folders (TensorBoard --logdir).")

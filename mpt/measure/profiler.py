@@ -1,7 +1,9 @@
 """Profiler window: a TensorFlow profiler trace of training steps A..B, for both loops.
 
 `--profile_steps=A,B` (global train steps, 1-based, inclusive, after the warm-up)
-starts the profiler at step A and stops it after step B. Each step in the window is
+starts the profiler at step A and stops it after step B. On a GPU the default (no
+--profile_steps) is the two steps after the warm-up, so that every GPU run's diagnosis
+reads its kernels; `--profile_steps=off` turns that off. Each step in the window is
 wrapped in a `tf.profiler.experimental.Trace("train", step_num=..., _r=1)` marker, the
 marker the profile plugin's step-time and input-pipeline views group by. The trace is
 written to `<run>/plugins/profile/<timestamp>/*.xplane.pb`, where
@@ -18,8 +20,22 @@ from mpt import config
 from mpt.errors import UserError
 
 
-def parse_window(spec: str, warmup_steps: int, total_steps: int) -> tuple[int, int] | None:
-  """`"A,B"` -> (A, B), checked against the run's length; "" -> None."""
+# On a GPU a run is profiled by default: this many steps right after the warm-up
+# (cheap: a few steps' kernels), so that its diagnosis reads what its kernels did.
+GPU_DEFAULT_STEPS = 2
+
+
+def parse_window(spec: str, warmup_steps: int, total_steps: int,
+                 gpu: bool = False) -> tuple[int, int] | None:
+  """`"A,B"` -> (A, B), checked against the run's length; "off" -> None; "" -> on a
+  GPU (`gpu`), the GPU_DEFAULT_STEPS after the warm-up where the run has them, else
+  None."""
+  if spec == "off":
+    return None
+  if spec == "" and gpu:
+    first = warmup_steps + 1
+    last = first + GPU_DEFAULT_STEPS - 1
+    return (first, last) if last <= total_steps else None
   window = config.parse_steps(spec, "profile_steps")
   if window is None:
     return None

@@ -11,6 +11,7 @@ driver, the sampler records what it can and says once why GPU figures are absent
 failing sample is logged once and skipped; it never stops training.
 """
 
+import os
 import statistics
 import threading
 from typing import Any
@@ -23,8 +24,30 @@ from mpt.records import typed
 from mpt.records.machine import Utilisation
 
 
-def _open_nvml(nvml: Any | None) -> tuple[Any | None, list, str | None]:
-  """(nvml module, device handles, why GPU figures are absent or None)."""
+FROM_ENV = object()  # Sampler's `visible` default: CUDA_VISIBLE_DEVICES as set.
+
+
+def _handles(nvml: Any, visible: str | None) -> list:
+  """NVML's handles of the GPUs this process uses. NVML ignores CUDA_VISIBLE_DEVICES
+  and counts every GPU of the machine, so its entries are mapped here: a UUID
+  ("GPU-...", "MIG-...") by UUID, an index by index (NVML numbers GPUs in PCI bus
+  order, as CUDA does with CUDA_DEVICE_ORDER=PCI_BUS_ID; CUDA's default puts the
+  fastest first, which differs only on a machine of mixed GPUs). `visible` None: all."""
+  if visible is None:
+    return [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
+  handles = []
+  for entry in (e.strip() for e in visible.split(",")):
+    if not entry:
+      continue
+    handles.append(nvml.nvmlDeviceGetHandleByIndex(int(entry)) if entry.isdigit()
+                   else nvml.nvmlDeviceGetHandleByUUID(entry))
+  return handles
+
+
+def _open_nvml(nvml: Any | None,
+               visible: str | None) -> tuple[Any | None, list, str | None]:
+  """(nvml module, the handles of the GPUs this process uses, why GPU figures are
+  absent or None)."""
   if nvml is None:
     if not tf.config.list_physical_devices("GPU"):
       return None, [], "no GPU visible to TensorFlow"
@@ -34,23 +57,27 @@ def _open_nvml(nvml: Any | None) -> tuple[Any | None, list, str | None]:
       return None, [], "nvidia-ml-py is not installed (pip install nvidia-ml-py)"
   try:
     nvml.nvmlInit()
-    handles = [nvml.nvmlDeviceGetHandleByIndex(i)
-               for i in range(nvml.nvmlDeviceGetCount())]
+    handles = _handles(nvml, visible)
   except Exception as e:  # NVML raises its own error types; any of them means absent.
     return None, [], f"NVML unavailable: {e}"
-  return nvml, handles, None if handles else "NVML sees no GPU"
+  if not handles:  # Nothing to sample (and no mean of no GPUs).
+    return None, [], "NVML sees no GPU this process uses"
+  return nvml, handles, None
 
 
 class Sampler:
   """Samples utilisation every `period_s` seconds in a daemon thread."""
 
   def __init__(self, period_s: float = 1.0, nvml: Any | None = None,
-               state: dict[str, list[float]] | None = None):
+               state: dict[str, list[float]] | None = None, visible=FROM_ENV):
     """`state`: a resumed run's `state()` when its checkpoint was written, so that the
-    whole-run figures cover the run before the resume as well."""
+    whole-run figures cover the run before the resume as well. `visible`: the GPUs
+    this process uses, as CUDA_VISIBLE_DEVICES lists them (None: all)."""
     self.period_s = period_s
     self._process = psutil.Process()
-    self._nvml, self._handles, self.gpu_absent = _open_nvml(nvml)
+    if visible is FROM_ENV:
+      visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    self._nvml, self._handles, self.gpu_absent = _open_nvml(nvml, visible)
     self._tf_gpu = bool(tf.config.list_physical_devices("GPU"))
     self._buffer: list[dict[str, float]] = []
     # The whole run's figures as running [count, sum, max] per figure: bounded

@@ -117,10 +117,11 @@ def prepare(cfg: config.Config) -> Run:
   policy = precision.set_policy(cfg.policy)
   print(precision.describe(policy), flush=True)
   window = profiler.parse_window(cfg.profile_steps, cfg.warmup_steps,
-                                 cfg.epochs * data.steps_per_epoch)
+                                 cfg.epochs * data.steps_per_epoch,
+                                 gpu=bool(tf.config.list_logical_devices("GPU")))
   run_dir, out_dir = _folders(cfg, dist)
   if not dist.is_chief:
-    cfg = dataclasses.replace(cfg, verbose=0, profile_steps="")
+    cfg = dataclasses.replace(cfg, verbose=0, profile_steps="off")
     window = None
     print(f"mpt: {dist.task} is not the chief: the chief writes the run folder",
           flush=True)

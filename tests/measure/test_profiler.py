@@ -12,6 +12,7 @@ import pytest
 
 from mpt.diagnose import opstats
 from mpt.errors import UserError
+from mpt.measure import profiler
 
 from helpers import trace_steps, train_run, wait_for
 
@@ -66,6 +67,17 @@ def test_bad_windows_fail_before_training(tiny, spec, words):
   with pytest.raises(UserError, match=words):
     train_run(cfg)
   assert not pathlib.Path(cfg.logdir).exists() or not any(pathlib.Path(cfg.logdir).iterdir())
+
+
+@pytest.mark.parametrize("spec,gpu,total,window", [
+    ("", True, 24, (3, 4)),      # A GPU run is profiled by default, after the warm-up.
+    ("", True, 3, None),         # ... where it has those steps.
+    ("", False, 24, None),       # A CPU run only when asked.
+    ("off", True, 24, None),     # Turned off.
+    ("5,6", True, 24, (5, 6)),   # Asked for: as asked.
+])
+def test_the_default_window_profiles_gpu_runs_only(spec, gpu, total, window):
+  assert profiler.parse_window(spec, 2, total, gpu=gpu) == window
 
 
 @pytest.mark.parametrize("loop", ["fit", "custom"])

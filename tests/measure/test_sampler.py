@@ -3,6 +3,8 @@
 import dataclasses
 import types
 
+import pytest
+
 from helpers import wait_for
 from mpt.measure import sampler as sampler_lib
 from mpt.records import typed
@@ -24,6 +26,9 @@ class FakeNvml:
 
   def nvmlDeviceGetHandleByIndex(self, i):
     return i
+
+  def nvmlDeviceGetHandleByUUID(self, uuid):
+    return {"GPU-aaa": 0, "GPU-bbb": 1}[uuid]
 
   def nvmlDeviceGetUtilizationRates(self, handle):
     return types.SimpleNamespace(gpu=[40, 80][handle])
@@ -48,8 +53,20 @@ def test_cpu_figures_and_why_gpu_figures_are_absent():
   assert 0 <= stats.system_cpu_percent.mean <= 100
 
 
+@pytest.mark.parametrize("visible,percent", [
+    (None, 60), ("1", 80), ("GPU-bbb,GPU-aaa", 60), ("GPU-aaa", 40), ("0,", 40),
+    ("", None)])
+def test_nvml_samples_only_the_gpus_this_process_uses(visible, percent):
+  """NVML counts every GPU of the machine whatever CUDA_VISIBLE_DEVICES says: the
+  sampler maps the variable's indices and UUIDs to NVML's handles (the fake's GPU 0
+  is 40% busy, GPU 1 80%)."""
+  s = sampler_lib.Sampler(nvml=FakeNvml(), visible=visible)
+  assert s.sample().get("gpu_percent") == percent
+  assert (s.gpu_absent == "NVML sees no GPU this process uses") is (percent is None)
+
+
 def test_gpu_figures_come_from_nvml():
-  s = sampler_lib.Sampler(period_s=0.05, nvml=FakeNvml())
+  s = sampler_lib.Sampler(period_s=0.05, nvml=FakeNvml(), visible=None)
   assert s.gpu_absent is None
   sample = s.sample()
   assert sample["gpu_percent"] == 60 and sample["gpu_memory_mb"] == 2048
@@ -62,7 +79,7 @@ def test_gpu_figures_come_from_nvml():
 
 
 def test_nvml_failure_is_reported_not_raised():
-  s = sampler_lib.Sampler(nvml=FakeNvml(fail_init=True))
+  s = sampler_lib.Sampler(nvml=FakeNvml(fail_init=True), visible=None)
   assert s.gpu_absent == "NVML unavailable: NVML Shared Library Not Found"
   assert "gpu_percent" not in s.sample()
 
