@@ -6,5 +6,8 @@ rates.py (the measured matmul-rate cache), onednn.py (ONEDNN_VERBOSE lines),
 kernels.py (the kernel table per op and dtype: probe and cache; $MPT_KERNELS stands in),
 fastpath.py (the measured verdict on a policy, flags as the fallback), ceilings.py
 (practical ceilings vs theoretical estimates), gpu_kernels.py (xprof kernel stats),
-traces.py (a profiler trace through xprof's converter: its one user).
+traces.py (a profiler trace through xprof's converter, in a child process: its one
+user), xspace.py (a capture's XSpace read directly: GPU planes, kernel events),
+kernel_families.py (what a GPU kernel is bound by), gpu_profile.py (what a GPU did in a
+capture: device, step time, Tensor Core split; records.gpu.GpuProfile).
 """
