@@ -1,7 +1,9 @@
 """Wing: `--mode=diagnose`, why mixed precision did or did not speed a run up.
 
-diagnosis.py is the one entry for run and sweep folders; evidence.py reads a run
-folder, detectors.py and sweep.py find what holds it back, opstats.py reads the
-profiler trace, report.py formats and writes the result. Reads the files the other
+diagnosis.py is the one entry for run, sweep and profile folders; evidence.py reads
+a run folder, detectors/ and sweep.py find what holds it back, opstats.py reads the
+profiler trace's op statistics, gpu_evidence.py a GPU capture and mixed_float16's
+bound on it, profile.py diagnoses a folder with only a capture (and several side by
+side), report.py formats and writes the result. Reads the files the other
 wings leave (through mpt/records), never imports them.
 """

@@ -9,7 +9,10 @@ and prints the run's measured figures and a ranked list of findings, each with i
 threshold, its evidence, a next step and what it is based on (probe, trace, sibling
 runs, flags, ...). It writes `diagnosis.json` and `diagnosis.md` into the folder
 (mpt/diagnose/report.py). A sweep folder is diagnosed across its cells
-(mpt/diagnose/sweep.py).
+(mpt/diagnose/sweep.py); a folder with no run files but a profiler capture (any
+TensorBoard logdir) from the capture alone (mpt/diagnose/profile.py); `--run=A,B,C`
+diagnoses each folder and prints them side by side (GPU, Tensor Cores, eligible share,
+mixed_float16's bound, step time).
 """
 
 import dataclasses
@@ -18,6 +21,7 @@ from typing import Any
 
 from mpt.diagnose import detectors
 from mpt.diagnose import evidence
+from mpt.diagnose import profile
 from mpt.diagnose import report
 from mpt.diagnose import sweep as diagnose_sweep
 from mpt.diagnose.options import DiagnoseOptions
@@ -65,19 +69,42 @@ def diagnose_run(run_dir: pathlib.Path) -> dict[str, Any]:
   notes: list[str] = []
   ev = evidence.load(run_dir, notes)
   findings, checked = detectors.run(ev)
-  return {"kind": "run", "run_dir": str(run_dir), "figures": _figures(ev),
-          "findings": [dataclasses.asdict(f) for f in rank(findings)],
-          "checked_clear": checked, "notes": notes,
-          "op_stats": ev.op_stats}
+  found = {"kind": "run", "run_dir": str(run_dir), "figures": _figures(ev),
+           "findings": [dataclasses.asdict(f) for f in rank(findings)],
+           "checked_clear": checked, "notes": notes,
+           "op_stats": ev.op_stats}
+  if ev.gpu:  # A GPU run's capture: only then, so CPU runs read as they always did.
+    found["gpu"] = profile.gpu_figures(ev.gpu, ev.gpu.profile.trace)
+  return found
+
+
+def _diagnosis(path: pathlib.Path) -> dict[str, Any]:
+  """Diagnoses a run, sweep or profile folder and writes diagnosis.json/.md there."""
+  kind = evidence.check_folder(path)
+  if kind == "profile":
+    diagnosis = profile.diagnose(path)
+    try:  # Someone else's logdir may be read-only: the diagnosis still prints.
+      report.write(path, diagnosis)
+    except OSError as e:
+      diagnosis["notes"].append(f"diagnosis.json/.md not written into {path}: "
+                                f"{e.strerror or e}")
+    return diagnosis
+  diagnosis = diagnose_sweep.diagnose(path) if kind == "sweep" else diagnose_run(path)
+  report.write(path, diagnosis)
+  return diagnosis
 
 
 def diagnose_folder(path: pathlib.Path) -> dict[str, Any]:
-  """Diagnoses a run or sweep folder, writes diagnosis.json/.md there, prints it."""
-  if evidence.check_folder(path) == "sweep":
-    diagnosis = diagnose_sweep.diagnose(path)
-  else:
-    diagnosis = diagnose_run(path)
-  report.write(path, diagnosis)
+  """Diagnoses a run, sweep or profile folder, writes diagnosis.json/.md there,
+  prints it."""
+  diagnosis = _diagnosis(path)
+  print(report.format_report(diagnosis), end="", flush=True)
+  return diagnosis
+
+
+def diagnose_folders(paths: list[pathlib.Path]) -> dict[str, Any]:
+  """Each folder's diagnosis written into it; one row per folder printed."""
+  diagnosis = profile.across([(path, _diagnosis(path)) for path in paths])
   print(report.format_report(diagnosis), end="", flush=True)
   return diagnosis
 
@@ -95,8 +122,13 @@ def after_run(folder: pathlib.Path) -> str | None:
 def run(opts: DiagnoseOptions) -> dict[str, Any]:
   """`--mode=diagnose --run=logs/<run>`."""
   if not opts.run:
-    raise UserError("--mode=diagnose needs --run=logs/<run> (a run or sweep folder)")
+    raise UserError("--mode=diagnose needs --run=logs/<run> (a run, sweep or profile "
+                    "folder; several, comma-separated, side by side)")
   path = pathlib.Path(opts.run).expanduser()
-  diagnosis = diagnose_folder(path)
+  if "," in opts.run and not path.exists():  # A folder may have a comma in its name.
+    paths = [pathlib.Path(p).expanduser() for p in opts.run.split(",") if p.strip()]
+    diagnosis = diagnose_folders(paths)
+  else:
+    diagnosis = diagnose_folder(path)
   return {"status": "completed", "run_dir": str(path),
           "findings": len(diagnosis["findings"])}

@@ -7,8 +7,10 @@ UserError names the one that is missing), dtypes.json and the profiler's op
 statistics (optional: a note says which checks that skips), and looks next to the run
 for the float32 run of the same configuration (mpt/records/summary.py `baseline_of`:
 the one rule `--mode=compare` uses too), the same run with the other --batchnorm, and
-the newest run of each other policy. `Evidence` carries the figures the detectors
-derive from all of that. Plain data: TensorFlow is imported only through the model
+the newest run of each other policy; a GPU run's capture (mpt/diagnose/
+gpu_evidence.py) where it has one. `Evidence` carries the figures the detectors derive
+from all of that. `check_folder` tells a run, a sweep and a profile folder apart (any
+folder with a capture: mpt/diagnose/profile.py). Plain data: TensorFlow is imported only through the model
 registry, for the names of the variants.
 """
 
@@ -20,8 +22,9 @@ from typing import Any
 
 from mpt import config
 from mpt.diagnose import opstats
+from mpt.diagnose.gpu_evidence import GpuEvidence
 from mpt.errors import UserError
-from mpt.machine import hardware
+from mpt.machine import gpu_profile, hardware
 from mpt.records import summary as summary_lib
 from mpt.records.machine import Hardware
 from mpt.records.summary import RunSummary
@@ -44,6 +47,7 @@ class Evidence:
   other_batchnorm: RunSummary | None = None
   # The newest completed run of the same configuration per other policy, next to it.
   siblings: dict[str, RunSummary] = dataclasses.field(default_factory=dict)
+  gpu: GpuEvidence | None = None  # A GPU run's profiler capture, where it has one.
 
   @property
   def speedup(self) -> float | None:
@@ -112,18 +116,23 @@ def no_fast_path(hw: Hardware | None, policy: str) -> tuple[str, str] | None:
 
 
 def check_folder(path: pathlib.Path) -> str:
-  """'run' or 'sweep'; a UserError naming the missing file otherwise."""
+  """'run', 'sweep' or 'profile' (no run files at all, but a profiler capture under
+  it: a TensorBoard logdir of any script); a UserError naming what is missing."""
   if not path.is_dir():
     raise UserError(f"--run={path}: no such folder")
   if (path / "sweep.csv").is_file():
     return "sweep"
   missing = [name for name in REQUIRED if not (path / name).is_file()]
+  if len(missing) == len(REQUIRED) and gpu_profile.find_traces(path):
+    return "profile"
   if missing:
     what = (" (it is a --mode=microbench folder)" if (path / "microbench.json").exists()
-            else "")
+            else "" if len(missing) < len(REQUIRED) else
+            ", and no profiler capture (*.xplane.pb) under it")
     raise UserError(f"--run={path}: missing {' and '.join(missing)}{what}; diagnose "
-                    f"takes a training run folder (summary.json, flags.txt) or a sweep "
-                    f"folder (sweep.csv)")
+                    f"takes a training run folder (summary.json, flags.txt), a sweep "
+                    f"folder (sweep.csv) or a profile folder (a TensorBoard logdir "
+                    f"with plugins/profile/<run>/*.xplane.pb)")
   return "run"
 
 
@@ -206,5 +215,23 @@ def load(run_dir: pathlib.Path, notes: list[str]) -> Evidence:
     names = tuple(models.names())
   except ImportError:
     names = ()
-  return Evidence(s, flags, dtypes, op_stats, model_names=names, run_dir=run_dir,
-                  **_relatives(s, _neighbours(run_dir)))
+  ev = Evidence(s, flags, dtypes, op_stats, model_names=names, run_dir=run_dir,
+                **_relatives(s, _neighbours(run_dir)))
+  ev.gpu = _gpu(ev, notes)
+  return ev
+
+
+def _gpu(ev: Evidence, notes: list[str]) -> GpuEvidence | None:
+  """A GPU run's capture, read for its kernels; None on a CPU or without a trace."""
+  trace = opstats.find_trace(ev.run_dir)
+  if trace is None or not (ev.summary.device or "").startswith("GPU"):
+    return None
+  try:
+    profile = gpu_profile.read(trace)
+  except UserError as e:
+    notes.append(f"the GPU capture could not be read: {e}")
+    return None
+  notes += [f"GPU capture: {note}" for note in profile.notes]
+  if profile.device is None:
+    return None
+  return GpuEvidence(profile, ev.summary.policy, ev.rerun)

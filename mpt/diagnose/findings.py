@@ -18,6 +18,7 @@ BASES = ("sibling runs",        # a float32 run next to it / the sweep's other c
                                 # (summary.json cost, mpt/train/cost.py)
          "probe",               # the kernel probe's measured table (the policy verdict)
          "trace",               # the profiler trace's op statistics (op_stats.json)
+         "gpu trace",           # a GPU capture's kernels (mpt/machine/gpu_profile.py)
          "step timing",         # this run's step and data-wait times (summary.json)
          "utilisation",         # the CPU/GPU utilisation sampler
          "dtypes",              # dtypes.json: per-layer dtypes, dims and FLOPs

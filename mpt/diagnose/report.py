@@ -103,12 +103,25 @@ def format_report(report: dict[str, Any], markdown: bool = False) -> str:
   """A run's or a sweep's diagnosis as text for the terminal, or as Markdown."""
   if report["kind"] == "sweep":
     return _format_sweep(report, markdown)
+  if report["kind"] == "across":
+    return _format_across(report, markdown)
   f = report["figures"]
   head = f"mpt: diagnosis of {report['run_dir']}"
-  lines = [f"# {head[5:]}" if markdown else head, "", f"{f['run']}; {f['device']}"]
-  lines += [f"- {l}" if markdown else l for l in format_figures(f)]
+  if report["kind"] == "profile":
+    lines = [f"# {head[5:]}" if markdown else head, "",
+             f"a profile folder: {f['capture']} capture {f['trace']}"]
+    figures = profile_figures(f)
+  else:
+    lines = [f"# {head[5:]}" if markdown else head, "", f"{f['run']}; {f['device']}"]
+    figures = format_figures(f) + (profile_figures(report["gpu"]) if report.get("gpu")
+                                   else [])
+  lines += [f"- {l}" if markdown else l for l in figures]
   lines.append("")
-  if not report["findings"]:
+  if not report["findings"] and report["kind"] == "profile":
+    lines.append("No findings from the capture (checked: " +
+                 ", ".join(report["checked_clear"]) + "); see the notes for what a "
+                 "capture alone cannot tell.")
+  elif not report["findings"]:
     lines.append("No findings: none of the checks fired (" +
                  ", ".join(report["checked_clear"]) + "); nothing mpt can measure is "
                  "holding this run back.")
@@ -117,6 +130,69 @@ def format_report(report: dict[str, Any], markdown: bool = False) -> str:
     lines.append(f"checked, nothing found: {', '.join(report['checked_clear'])}")
   for note in report["notes"]:
     lines.append(f"note: {note}")
+  return "\n".join(lines) + "\n"
+
+
+def profile_figures(f: dict[str, Any]) -> list[str]:
+  """A profile folder's figures: the GPU, the step, the kernel split and the bound;
+  for a CPU capture, the host's op time."""
+  if f["capture"] == "CPU":
+    return [f"ops:       {f['op_time_ms']:.1f} ms of host op time: " + ", ".join(
+                f"{o['type']} {o['share']:.1%}" for o in f["top_ops"][:5]),
+            f"precision: Cast ops {_pct(f['cast_time_share'])} of op time"]
+  gb = lambda v, unit: f", {v:.0f} {unit}" if v else ""
+  lines = [f"gpu:       {f['gpu']} (compute capability {f['compute_capability'] or '?'}, "
+           f"{f['sms'] or '?'} SMs{gb(f['memory_bandwidth_gbs'], 'GB/s')}"
+           f"{gb(f['memory_gb'], 'GB')}; {f['gpus']} GPU plane(s)): "
+           + {True: "Tensor Cores", False: "no Tensor Cores", None: "Tensor Cores unknown"}[
+               f["tensor_cores"]] + f"; {f['rates']}"]
+  if f["step_ms"]:
+    lines.append(f"profiled:  {f['step_ms']:.1f} ms/step; GPU busy "
+                 f"{_pct(f['device_busy_share'])}, input wait {_pct(f['input_share'])}, "
+                 f"host gaps {_pct(f['host_gap_share'])}")
+  sp = f["split"]
+  lines.append(f"kernels:   {f['kernel_ms']:.1f} ms: on Tensor Cores "
+               f"{_pct(sp['tensor_core'])}, eligible on CUDA cores "
+               f"{_pct(sp['eligible_not_tc'])} (eligibility from {f['eligible_from']}), "
+               f"memory-bound {_pct(sp['memory_bound'])}, other {_pct(sp['other'])}")
+  lines.append("families:  " + ", ".join(f"{k} {v:.1%}" for k, v in
+                                         list(f["families"].items())[:6]))
+  lines.append(f"16-bit:    {_pct(f['sixteen_bit_share'])} of kernel time in 16-bit "
+               f"kernels: a {f['precision']} capture")
+  b = f["bound"]
+  if b:
+    step = f", {b['step']:.2f}x per step" if b["step"] else ""
+    what = "" if b["tensor_cores"] else " (memory-bound ops only: no Tensor Cores)"
+    lines.append(f"bound:     mixed_float16 at most {b['kernel']:.2f}x in kernel "
+                 f"time{step}{what}; an upper bound, not a forecast")
+  return lines
+
+
+def _bound_cell(r: dict[str, Any]) -> str:
+  if r["kernel_bound"] is None:
+    return "16-bit already" if r["precision"] == "16-bit" else "-"
+  step = f" / {r['step_bound']:.2f}x" if r["step_bound"] else ""
+  return f"<= {r['kernel_bound']:.2f}x{step}" + ("" if r["tensor_cores"] else
+                                                 " (memory-bound only)")
+
+
+def _format_across(report: dict[str, Any], markdown: bool) -> str:
+  """One row per folder: the seed's question across GPUs, from each one's evidence."""
+  head = "mixed_float16 across the captures, each from its own kernels"
+  lines = [f"# {head}" if markdown else f"mpt: {head}", "",
+           "| folder | GPU | Tensor Cores | eligible share | mixed_float16 bound "
+           "(kernels / step) | step ms | GPU busy | top finding |",
+           "|---|---|---|---|---|---|---|---|"]
+  yes = {True: "yes", False: "no", None: "?"}
+  for r in report["rows"]:
+    cpu = str(r["gpu"]).startswith("CPU")
+    step = f"{r['step_ms']:.1f}" if r["step_ms"] else "-"
+    lines.append(f"| {r['folder']} | {r['gpu']} | {'-' if cpu else yes[r['tensor_cores']]} | "
+                 f"{_pct(r['eligible_share'])} | {_bound_cell(r)} | {step} | "
+                 f"{_pct(r['busy'])} | {r['top']} |")
+  lines += ["", "Bounds are ceilings (Amdahl over each capture's kernel time with its "
+            "GPU's data-sheet Tensor Core/float32 ratio), not forecasts; each folder's "
+            "full diagnosis is in its diagnosis.md."]
   return "\n".join(lines) + "\n"
 
 

@@ -27,3 +27,16 @@ OPPORTUNITY = 1.3            # another policy's measured op time this many times
                              # faster than the run's: worth switching
 ONEDNN_MARGIN = 0.10         # the oneDNN setting a run ran measured this much slower
                              # than the other: worth switching
+# GPU captures (mpt/diagnose/detectors/gpu.py); shares of the capture's kernel time
+# unless said otherwise.
+SIXTEEN_BIT_RUN = 0.25       # in 16-bit kernels: a capture of a 16-bit run (where no
+                             # run folder says the policy)
+ELIGIBLE_SHARE = 0.10        # in Tensor-Core-eligible ops run in float32 on CUDA cores
+MISSED_TENSOR_CORES = 0.10   # in eligible ops a 16-bit run left on CUDA cores
+MEMORY_BOUND_SHARE = 0.50    # in memory-bound ops (BatchNorm, elementwise, casts, ...)
+TRANSPOSE_SHARE = 0.10       # in layout transposes (NCHW <-> NHWC)
+HOST_GAP_SHARE = 0.25        # of step time in host gaps (Python, I/O: xprof's "All
+                             # others"), with UTILISATION and INPUT_WAIT_SHARE for the
+                             # GPU's busy and input-wait shares
+BIG_BOUND = 1.5              # mixed_float16's step bound from which Tensor Cores left
+                             # unused is a high finding

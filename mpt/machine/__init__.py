@@ -9,5 +9,6 @@ fastpath.py (the measured verdict on a policy, flags as the fallback), ceilings.
 traces.py (a profiler trace through xprof's converter, in a child process: its one
 user), xspace.py (a capture's XSpace read directly: GPU planes, kernel events),
 kernel_families.py (what a GPU kernel is bound by), gpu_profile.py (what a GPU did in a
-capture: device, step time, Tensor Core split; records.gpu.GpuProfile).
+capture: device, step time, Tensor Core split; records.gpu.GpuProfile), gpu_specs.py
+(which GPU a capture ran on, and its data-sheet float16/float32 ceiling).
 """

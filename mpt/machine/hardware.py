@@ -171,6 +171,12 @@ GPU_PEAK_TFLOPS = {
     # FP32. Unsure: third-party tables give 1.125 PF dense TF32 and up to 80 FP32.
     "B200": {"float16": 2250.0, "bfloat16": 2250.0, "float32": 1100.0,
              "float32_fp32": 75.0},
+    # P100 data sheet: SXM2 21.2 FP16 / 10.6 FP32, PCIe 18.7 / 9.3 (paired half on
+    # CUDA cores: GP100 has no Tensor Cores).
+    "P100": {"float16": 21.2, "float32": 10.6},
+    "P100 PCIe": {"float16": 18.7, "float32": 9.3},
+    # P4 data sheet: 5.5 FP32, 22 INT8 TOPS; GP104's float16 runs at 1/64 of FP32.
+    "P4": {"float16": 0.086, "float32": 5.5},
     # Pascal/Maxwell: float16 arithmetic at 1/64 of float32, no Tensor Cores.
     "TITAN Xp": {"float16": 0.19, "float32": 12.1},
     "M2200": {"float16": 0.03, "float32": 2.2},

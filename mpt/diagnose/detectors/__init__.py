@@ -8,6 +8,8 @@ runs, in what order, and which finding supersedes which.
   timing.py     the run's own step timing and the utilisation sampler
   shapes.py     the model's layers (dtypes.json) beside the trace
   precision.py  the loss scale and the memory estimate
+  gpu.py        a GPU capture's kernels: Tensor Cores used or not, the bound on
+                mixed_float16's gain, memory-bound ops, a GPU waiting on the host
 
 No detector calls another: when one finding explains what another would report, the
 other is not run (`SUPERSEDED_BY`), and each detector runs once per diagnosis. Pure
@@ -15,11 +17,22 @@ functions over plain data: no TensorFlow here, so the detectors are tested on
 recorded run folders and on their threshold edges (tests/diagnose/).
 """
 
+import functools
 from typing import Callable
 
-from mpt.diagnose.detectors import kernels, precision, shapes, speed, timing
+from mpt.diagnose.detectors import gpu, kernels, precision, shapes, speed, timing
 from mpt.diagnose.evidence import Evidence
 from mpt.diagnose.findings import Finding
+from mpt.diagnose.gpu_evidence import GpuEvidence
+
+
+def _on_gpu(rule: Callable[[GpuEvidence], Finding | None]):
+  """A GPU rule as a detector of the run's evidence: it reads the run's capture."""
+  @functools.wraps(rule)
+  def detect(ev: Evidence) -> Finding | None:
+    return rule(ev.gpu)
+  return detect
+
 
 # In the order the diagnosis lists what it checked.
 DETECTORS: dict[str, Callable[[Evidence], Finding | None]] = {
@@ -31,6 +44,8 @@ DETECTORS: dict[str, Callable[[Evidence], Finding | None]] = {
     "no_speedup": speed.no_speedup, "achieved_rate": timing.achieved_rate,
     "tf32": kernels.tf32, "memory_estimate": precision.memory_estimate,
     "onednn": speed.onednn,
+    # A GPU run's capture (Evidence.gpu); a profile folder runs gpu.RULES itself.
+    **{name: _on_gpu(rule) for name, rule in gpu.RULES.items()},
 }
 # A detector is not run when one of these found something: that finding already
 # explains the run (the slow kernel gives the faster policy's advice; a 16-bit run
@@ -38,10 +53,16 @@ DETECTORS: dict[str, Callable[[Evidence], Finding | None]] = {
 SUPERSEDED_BY = {
     "opportunity": ("slow_kernel",),
     "no_speedup": ("hardware", "slow_kernel", "opportunity"),
+    # The capture's kernels say what the compute capability and the sampler guess.
+    "hardware": ("no_tensor_cores", "tensor_cores_missed"),
+    "low_utilisation": ("gpu_idle",),
 }
-# Detectors that need a file the run may lack (a --noinstrument run has no dtypes).
+# Detectors that need a file the run may lack (a --noinstrument run has no dtypes, a
+# CPU run no GPU capture).
 NEEDS = {"misaligned": "dtypes.json", "float32_work": "dtypes.json",
-         "batchnorm_cost": "dtypes.json"}
+         "batchnorm_cost": "dtypes.json", **{name: "gpu trace" for name in gpu.RULES}}
+_HAS = {"dtypes.json": lambda ev: ev.dtypes is not None,
+        "gpu trace": lambda ev: ev.gpu is not None}
 
 
 def _order() -> list[str]:
@@ -64,7 +85,7 @@ def run(ev: Evidence) -> tuple[list[Finding], list[str]]:
   superseded check counts as clear, a check without its file is left out."""
   results: dict[str, Finding | None] = {}
   for name in _order():
-    if name in NEEDS and ev.dtypes is None:
+    if name in NEEDS and not _HAS[NEEDS[name]](ev):
       continue
     superseded = any(results.get(first) for first in SUPERSEDED_BY.get(name, ()))
     results[name] = None if superseded else DETECTORS[name](ev)
