@@ -106,9 +106,12 @@ def _cpu(trace: pathlib.Path, name: str, notes: list[str]):
                     f"{newer}") from None
   if not any(r["type"] != "IDLE" for r in rows):
     planes = sorted({p.name for p in xspace.parse(trace.read_bytes()).planes})
+    # XLA's module protos in their own plane: what JAX's profiler writes.
+    why = ("a JAX (XLA) capture of a CPU run: mpt reads a JAX capture's GPU kernels, "
+           "and a CPU's only from TensorFlow's ops" if "/host:metadata" in planes
+           else f"{newer} Or a profile window that caught no step")
     raise UserError(f"{trace} has no GPU plane and no TensorFlow op xprof can read "
-                    f"(planes: {', '.join(planes)}): {newer} Or a profile window that "
-                    f"caught no step")
+                    f"(planes: {', '.join(planes)}): {why}")
   stats = opstats.condense(rows, None, name)
   notes.append("a CPU-only capture (no GPU plane): the host's op statistics (xprof's "
                "TensorFlow stats); whether this CPU's 16-bit kernels are fast is not "

@@ -42,10 +42,14 @@ _REQUIRED = ("kernel_name", "total_duration_us")
 _DTYPES = (
     ("bfloat16", r"bf16|bfloat16"),
     ("float16", r"float16|fp16|f16|half|h\d{3,5}(?:gemm|cudnn)|hgemm"),
-    ("float32", r"float(?!16|64)|tf32|fp32|f32|sgemm|s\d{3,5}(?:gemm|cudnn)"),
+    ("float32", r"float(?!16|64)|tf32|tfloat32|fp32|f32|sgemm|s\d{3,5}(?:gemm|cudnn)"),
     ("float64", r"float64|fp64|f64|double|dgemm"),
 )
-_DTYPE_RES = [(d, re.compile(rf"(?<![a-z0-9])(?:{p})", re.I)) for d, p in _DTYPES]
+# CUTLASS's C++ types in a mangled name follow their length ("...NS_6half_tE...").
+_MANGLED = {"bfloat16": "bfloat16_t", "float16": "half_t", "float32": "tfloat32_t"}
+_DTYPE_RES = [(d, re.compile(rf"(?<![a-z0-9])(?:{p})"
+                             + (rf"|\d{_MANGLED[d]}" if d in _MANGLED else ""), re.I))
+              for d, p in _DTYPES]
 
 
 def dtype_of(kernel: str, op: str | None = None) -> str | None:

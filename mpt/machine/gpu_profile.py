@@ -92,6 +92,11 @@ def _kernel(kernel: str, op_name: str, op_type: str, ms: float, count: int,
   dtype = gpu_kernels.dtype_of(kernel, op_name)
   if eligible is None:
     eligible = fam in kernel_families.ELIGIBLE and dtype != "float64"
+  # xprof flags the op; its helper kernels (cuDNN's conversions, padding, split-K's
+  # sum: families by name) are not what Tensor Cores would run.
+  eligible = eligible and fam in kernel_families.ELIGIBLE
+  # xprof's flag, or the name: xprof knows only Volta's and Turing's Tensor Core names.
+  tensor_core = tensor_core or kernel_families.tensor_core(kernel)
   return records.Kernel(kernel, op_name, op_type, fam, dtype, ms, count, tensor_core,
                         eligible)
 
@@ -121,6 +126,9 @@ def _kernels(rows: list[dict[str, Any]], gpus: list[xspace.Gpu],
       notes.append(f"op names from the trace's kernel events: xprof "
                    f"{traces.XPROF_VERSION}'s kernel table names none (a TF <= 2.4 "
                    f"capture)")
+  if any(k.tensor_core for k in kernels) and not any(r["tensor_core_used"] for r in rows):
+    notes.append(f"Tensor Core use read from the kernel names (xmma, TensorOp, ...): "
+                 f"xprof {traces.XPROF_VERSION} flags only Volta's and Turing's")
   if by_xprof:
     return kernels, "xprof"
   if any(k.family in kernel_families.ELIGIBLE for k in kernels):

@@ -29,6 +29,10 @@ _BY_SHAPE = {
     ((9, 0), 132): [(1980, "H100")],
     ((9, 0), 114): [(1755, "H100 PCIe")],
 }
+# Parts that share a shape and clock with another and differ in memory: (the shape's
+# key, more than this many GB) -> key. The H200 is an H100 SXM with 141 GB (the real
+# H200 capture's device plane: cc 9.0, 132 SMs, 1980 MHz, 150.8e9 bytes, 4.8 TB/s).
+_BY_MEMORY = {("H100", 100.0): "H200"}
 # The table's GPUs without Tensor Cores (compute capability < 7.0).
 _NO_TENSOR_CORES = {"P100", "P100 PCIe", "P4", "TITAN Xp", "M2200"}
 
@@ -73,8 +77,12 @@ def identify(device: GpuDevice) -> tuple[str | None, str]:
                   f"{device.sms or '?'} SMs matches no GPU in mpt's table")
   clock = device.clock_mhz or parts[0][0]
   key = min(parts, key=lambda p: abs(p[0] - clock))[1]
-  return key, (f"recognised by compute capability {'.'.join(map(str, cc))}, "
-               f"{device.sms} SMs and its {clock:g} MHz clock")
+  how = (f"recognised by compute capability {'.'.join(map(str, cc))}, {device.sms} SMs "
+         f"and its {clock:g} MHz clock")
+  for (base, gb), bigger in _BY_MEMORY.items():
+    if key == base and (device.memory_gb or 0) > gb:
+      key, how = bigger, f"{how}, {device.memory_gb:.0f} GB"
+  return key, how
 
 
 def ceiling(device: GpuDevice) -> Ceiling:

@@ -7,6 +7,12 @@ A kernel's name decides first where it says what the kernel does whatever op lau
 it (a layout transpose inside a Conv2D, cuDNN's autotuner); then the op type, TF's
 ("Conv2D", "_FusedConv2D", "FusedBatchNormGradV3") or XLA's ("dot_general"); then,
 for a kernel no op type placed, its name again (cuDNN, cuBLAS, Eigen, XLA fusions).
+
+`tensor_core` says from a kernel's name whether it ran on Tensor Cores. xprof 2.24
+decides that from a list of Volta and Turing name prefixes (volta_h884gemm,
+turing_fp16_s1688cudnn), so on an Ampere or Hopper GPU it flags no kernel at all:
+the real H200 captures in tests/data/gpu_captures (cuDNN's sm80_xmma_*/sm90_xmma_*
+and CUTLASS TensorOp kernels, float32 ones on TF32) show it.
 """
 
 import re
@@ -18,6 +24,11 @@ ELIGIBLE = {"conv", "matmul"}  # What Tensor Cores can run.
 # By kernel name, before the op: what the kernel does whatever op launched it.
 _BY_KERNEL = (
     ("transpose", r"nchwToNhwc|nhwcToNchw|[Tt]ranspose|SwapDimension|ShuffleInTensor"),
+    # cuDNN's and XLA's helpers around a convolution: layout and type conversions,
+    # padding the channels to a Tensor Core multiple, split-K's final sum.
+    ("cast", r"convertTensor_kernel|^wrapped_convert|^loop_convert_fusion"),
+    ("copy", r"AddPaddingKernel"),
+    ("reduction", r"ReduceSplitK"),
     ("copy", r"^Mem(cpy|set)|[Cc]opy"),
     ("other", r"redzone_checker"),  # cuDNN's autotuner checking its buffers.
 )
@@ -55,6 +66,20 @@ _FALLBACK = (
 _RE = {table: [(f, re.compile(p)) for f, p in rules]
        for table, rules in (("kernel", _BY_KERNEL), ("op", _BY_OP),
                             ("fallback", _FALLBACK))}
+
+
+# Tensor Core kernels by name: the MMA families (xmma, hmma, imma; gmma and Hopper's
+# warpgroup kernels), the MMA instruction shapes cuDNN and cuBLAS put in names
+# (h884, s1688, 16816, "tensor16x8x16"), CUTLASS's TensorOp, cuBLASLt's nvjet (Hopper).
+_TENSOR_CORE = re.compile(r"xmma|hmma|imma|gmma|warpgroup|[hsi](?:884|1688|16816)"
+                          r"|tensor\d+x\d+x\d+|MmaTensorOp|tensorop|nvjet")
+# ... but not their float32-math variants (xmma's "f32f32_f32f32") nor CUTLASS's SIMT.
+_NOT_TENSOR_CORE = re.compile(r"f32f32_f32f32|[Ss]imt")
+
+
+def tensor_core(kernel: str) -> bool:
+  """Whether the kernel's name says it ran on Tensor Cores."""
+  return bool(_TENSOR_CORE.search(kernel)) and not _NOT_TENSOR_CORE.search(kernel)
 
 
 def family(op_type: str, kernel: str = "") -> str:

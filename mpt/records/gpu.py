@@ -17,6 +17,15 @@ import re
 FAMILIES = ("conv", "matmul", "batchnorm", "elementwise", "cast", "transpose", "copy",
             "reduction", "random", "other")
 _REPLICA = re.compile(r"^replica_\d+$")  # tf.distribute's scope per GPU.
+_JAX_FUNCTION = re.compile(r"^(jit|pjit|pmap)\(.*\)$")
+_JAX_TRANSFORM = re.compile(r"^(?:jvp|transpose|vmap|remat|checkpoint|pjit)\((.*)\)$")
+
+
+def _unwrapped(part: str) -> str:
+  """A name part without JAX's transformations: "transpose(jvp(conv1))" -> "conv1"."""
+  while (inner := _JAX_TRANSFORM.match(part)):
+    part = inner.group(1)
+  return part
 
 
 @dataclasses.dataclass
@@ -55,8 +64,11 @@ class Kernel:
     """The Keras layer the op belongs to: its name's part before the op, less the
     `gradient_tape` and `replica_N` scopes, and for a gradient less the forward op it
     differentiates: "gradient_tape/net/conv2d/Conv2D/Conv2DBackpropFilter" is in
-    "net/conv2d"."""
+    "net/conv2d". JAX names the traced function and its transformations instead:
+    "jit(train_step)/transpose(jvp(conv1))/conv_general_dilated" is in "conv1"."""
     parts = self.op_name.split("/")
+    if parts and _JAX_FUNCTION.match(parts[0]):  # JAX: "jit(train_step)/jvp(conv1)/..."
+      parts = [_unwrapped(p) for p in parts[1:]]
     kept = [p for p in parts if p != "gradient_tape" and not _REPLICA.match(p)]
     if "gradient_tape" in parts and len(kept) > 2 and kept[-2][:1].isupper():
       del kept[-2]  # The forward op (Conv2D): Keras names layers in lower case.

@@ -47,6 +47,10 @@ def _profile(name: str) -> GpuProfile:
   return gpu_profile.read(gpu_profile.find_traces(CAPTURES / name)[0])
 
 
+def _casts(p: GpuProfile) -> float:
+  return sum(k.ms for k in p.kernels if k.family == "cast" and not k.eligible)
+
+
 def _by_id(report: dict) -> dict[str, dict]:
   return {f["id"]: f for f in report["findings"]}
 
@@ -64,7 +68,8 @@ def test_float32_on_tensor_cores_gets_the_bound_from_its_own_eligible_share(caps
   total = p.split.total
   eligible, memory = p.split.eligible_not_tc / total, p.split.memory_bound / total
   other, on_tc = p.split.other / total, p.split.tensor_core / total
-  after = other + memory / 2 + eligible / TC_RATIO[name] + on_tc
+  casts = _casts(p) / total  # float32's conversions: taken as vanishing.
+  after = other + (memory - casts) / 2 + eligible / TC_RATIO[name] + on_tc
   busy = p.device_busy_share
   kernel_bound, step_bound = 1 / after, 1 / ((1 - busy) + busy * after)
   report = profile_lib.diagnose(caps / name)
@@ -136,6 +141,52 @@ def test_the_four_gpus_side_by_side_one_row_each(caps, capsys):
 def test_autotuning_in_the_capture_is_noted(caps):
   notes = profile_lib.diagnose(caps / "t4_alexnet")["notes"]
   assert any("cuDNN's autotuning" in n for n in notes)
+
+
+# --- The H200 captures: Keras on JAX, the seed convnet, three policies ----------
+
+H200 = {p: CAPTURES / f"h200_seed_{p}" for p in ("float32", "mixed_float16",
+                                                 "mixed_bfloat16")}
+H200_TIMINGS = json.loads((CAPTURES / "h200_seed_timings.json").read_text())
+
+
+def test_h200_float32_on_tf32_tensor_cores_is_bounded_and_the_bound_was_reached(caps):
+  p = _profile("h200_seed_float32")
+  total = p.split.total
+  shares = [getattr(p.split, part) / total for part in
+            ("eligible_not_tc", "memory_bound", "other", "tensor_core")]
+  eligible, memory, other, on_tc = shares
+  casts = _casts(p) / total
+  # H200 (H100 SXM) data sheet: 989.5 float16 Tensor, 494.5 TF32, 67 FP32.
+  after = other + (memory - casts) / 2 + eligible / (989.5 / 67) + on_tc / (989.5 / 494.5)
+  report = profile_lib.diagnose(caps / "h200_seed_float32")
+  found = _by_id(report)["tensor_cores_unused"]
+  assert report["figures"]["bound"]["kernel"] == pytest.approx(1 / after)
+  assert found["title"].startswith(f"float32 runs {on_tc:.0%} of its kernel time on "
+                                   f"TF32 Tensor Cores: mixed_float16 at most")
+  assert "494.5 on TF32 Tensor Cores, at most 2.00x" in found["evidence"][0]
+  assert "most eligible time on CUDA cores: conv1" in found["evidence"][3]
+  # What mixed_float16 really gained on that H200: its capture's kernel time, and
+  # the step times the script measured (interleaved, after warm-up, unprofiled).
+  gained = total / _profile("h200_seed_mixed_float16").split.total
+  assert gained == pytest.approx(1 / after, rel=0.02)  # Reached, within 2%.
+  for ms in H200_TIMINGS["ms_per_step"].values():
+    assert 1.3 < ms["float32"] / ms["mixed_float16"] < 1 / after
+
+
+def test_h200_bfloat16_names_the_first_convolution_that_missed_the_tensor_cores(caps):
+  missed = _by_id(profile_lib.diagnose(caps / "h200_seed_mixed_bfloat16"))
+  found = missed["tensor_cores_missed"]
+  assert found["evidence"][1].startswith("by layer: conv1 ")
+  assert "tensor_cores_missed" not in _by_id(
+      profile_lib.diagnose(caps / "h200_seed_mixed_float16"))
+
+
+def test_the_seed_table_across_five_gpus(caps, capsys):
+  folders = [caps / n for n in ALEXNETS] + [caps / "h200_seed_float32"]
+  diagnose.run(DiagnoseOptions(run=",".join(map(str, folders))))
+  rows = [l for l in capsys.readouterr().out.splitlines() if l.startswith(f"| {caps}")]
+  assert len(rows) == 5 and "| H200 (9.0) | yes |" in rows[4]
 
 
 # --- Edges on built records -----------------------------------------------------
@@ -279,12 +330,14 @@ def test_a_16bit_run_on_a_gpu_without_tensor_cores_supersedes_the_cc_rule(tmp_pa
 
 # --- Bad input, the command line -------------------------------------------------
 
-def _renamed_planes(path: pathlib.Path) -> None:
+def _renamed_planes(path: pathlib.Path, gpu: str = "/device:NPU",
+                    host: str = "/host:future") -> None:
   """A capture whose planes xprof does not know (a newer TensorFlow's, say)."""
   space = xspace.parse((CAPTURES / "p4_alexnet" / "1e6c44adc064.xplane.pb").read_bytes())
   for plane in space.planes:
-    plane.name = plane.name.replace("/device:GPU", "/device:NPU").replace(
-        "/host:CPU", "/host:future")
+    plane.name = plane.name.replace("/device:GPU:0", gpu).replace("/host:CPU", host)
+    if plane.name == "/host:CPU":  # Kept: then without TensorFlow's ops.
+      del plane.lines[:]
   path.write_bytes(space.SerializeToString())
 
 
@@ -293,9 +346,12 @@ def _renamed_planes(path: pathlib.Path) -> None:
     (lambda d: (d / "x.xplane.pb").write_bytes(
         (CAPTURES / "v100_alexnet" / "d1792a5a2842.xplane.pb").read_bytes()[:5000]),
      "is not a readable profiler capture"),
-    (lambda d: _renamed_planes(d / "new.xplane.pb"),
+    (lambda d: _renamed_planes(d / "new.xplane.pb", "/device:NPU:0"),
      "has no GPU plane and no TensorFlow op xprof can read (planes: /device:NPU:0, "
      "/host:future): a capture from a newer TensorFlow/xprof"),
+    # JAX's planes on a CPU: XLA's module protos in /host:metadata, no TF ops.
+    (lambda d: _renamed_planes(d / "jax.xplane.pb", "/host:metadata", "/host:CPU"),
+     "a JAX (XLA) capture of a CPU run"),
 ])
 def test_bad_profile_folders_are_one_line_and_exit_2(tmp_path, make, words):
   folder = tmp_path / "prof" / "plugins" / "profile" / "2024_01_01_00_00_00"

@@ -65,35 +65,46 @@ def idle(g: GpuEvidence) -> Finding | None:
 
 
 def tensor_cores_unused(g: GpuEvidence) -> Finding | None:
-  """float32 on a GPU with Tensor Cores: the upper bound on mixed_float16's gain."""
+  """float32 on a GPU with Tensor Cores (on CUDA cores, or on TF32 ones from Ampere
+  on): the upper bound on mixed_float16's gain."""
   b, c = g.bound, g.ceiling
-  if b is None or not c.tensor_cores or b.shares["eligible_not_tc"] < ELIGIBLE_SHARE:
+  if b is None or not c.tensor_cores:
+    return None
+  cuda, tf32 = b.shares["eligible_not_tc"], b.shares["tensor_core"] if b.tf32_ratio else 0
+  if cuda < ELIGIBLE_SHARE and tf32 < ELIGIBLE_SHARE:
     return None
   eligible = [k for k in g.profile.kernels if k.eligible and not k.tensor_core]
+  on_tf32 = (f" and {c.tf32_tflops:g} on TF32 Tensor Cores, at most {b.tf32_ratio:.2f}x "
+             f"on ops already there" if b.tf32_ratio else "")
   ratio = (f"data sheet: float16 on Tensor Cores {c.float16_tflops:g} vs float32 "
-           f"{c.float32_tflops:g} TFLOP/s, at most {b.ratio:.2f}x on eligible ops"
-           if b.ratio else f"{c.source}: the eligible ops are taken as free")
-  step = (f", at most {b.step_bound:.2f}x faster steps (the GPU busy "
-          f"{g.profile.device_busy_share:.0%} of {g.profile.step_ms:.1f} ms)"
+           f"{c.float32_tflops:g} TFLOP/s on CUDA cores, at most {b.ratio:.2f}x on "
+           f"eligible ops{on_tf32}" if b.ratio else
+           f"{c.source}: the eligible ops are taken as free")
+  step = (f", at most {b.step_bound:.2f}x faster steps at this capture's GPU busy "
+          f"share ({g.profile.device_busy_share:.0%} of {g.profile.step_ms:.1f} ms; "
+          f"less host time gains more, up to the kernels' bound)"
           if b.step_bound else "")
   evidence = [
       f"{_gpu(g)} has Tensor Cores; {ratio}",
-      f"{b.shares['eligible_not_tc']:.1%} of {g.kernel_ms:.1f} ms kernel time in ops "
-      f"Tensor Cores could run, in float32 on CUDA cores (eligibility from "
-      f"{g.profile.eligible_from}); memory-bound {b.shares['memory']:.1%}",
+      f"{cuda:.1%} of {g.kernel_ms:.1f} ms kernel time in ops Tensor Cores could run, "
+      f"in float32 on CUDA cores (eligibility from {g.profile.eligible_from})"
+      + (f"; {tf32:.1%} on TF32 Tensor Cores" if tf32 else "")
+      + f"; memory-bound {b.shares['memory'] + b.shares['casts']:.1%}",
       f"upper bound (Amdahl): {b.formula}: at most {b.kernel_bound:.2f}x faster "
       f"kernels{step}; a bound, not a promise (casts, loss scaling and misaligned "
-      f"shapes take some back)",
-      f"most eligible time: {_layers(eligible, g.kernel_ms)}"]
+      f"shapes take some back)"]
+  if eligible:
+    evidence.append(f"most eligible time on CUDA cores: {_layers(eligible, g.kernel_ms)}")
   gain = 1 - 1 / (b.step_bound or b.kernel_bound)
+  what = ("float32 leaves the Tensor Cores unused" if cuda >= tf32 else
+          f"float32 runs {tf32:.0%} of its kernel time on TF32 Tensor Cores")
   return Finding(
       "tensor_cores_unused", "high" if (b.step_bound or 0) >= BIG_BOUND else "medium",
-      gain, f"float32 leaves the Tensor Cores unused: mixed_float16 at most "
-      f"{b.step_bound or b.kernel_bound:.2f}x faster "
-      + ("per step" if b.step_bound else "in kernel time"),
+      gain, f"{what}: mixed_float16 at most {b.step_bound or b.kernel_bound:.2f}x "
+      f"faster " + ("per step" if b.step_bound else "in kernel time"),
       f"a float32 capture on compute capability >= 7.0 with >= {ELIGIBLE_SHARE:.0%} "
-      f"of kernel time in eligible ops on CUDA cores", evidence,
-      g.policy_step("mixed_float16") + ", then profile again", BASED)
+      f"of kernel time in eligible ops on CUDA cores or on TF32 Tensor Cores",
+      evidence, g.policy_step("mixed_float16") + ", then profile again", BASED)
 
 
 def no_tensor_cores(g: GpuEvidence) -> Finding | None:
