@@ -3,6 +3,7 @@ tests/diagnose/test_diagnose.py checks that docs/diagnosis.md states them as the
 """
 
 from mpt.machine import fastpath
+from mpt.machine import gpu_table
 
 INPUT_WAIT_SHARE = 0.10      # data-wait share of step time: input bound at or above
 UTILISATION = 0.50           # busy share of the device below which a run is starved
@@ -32,7 +33,8 @@ ONEDNN_MARGIN = 0.10         # the oneDNN setting a run ran measured this much s
 SIXTEEN_BIT_RUN = 0.25       # in 16-bit kernels: a capture of a 16-bit run (where no
                              # run folder says the policy)
 ELIGIBLE_SHARE = 0.10        # in Tensor-Core-eligible ops run in float32 on CUDA cores
-MISSED_TENSOR_CORES = 0.10   # in eligible ops a 16-bit run left on CUDA cores
+MISSED_TENSOR_CORES = gpu_table.MISSED  # in eligible ops a 16-bit run left on
+                                        # CUDA cores (the up-front warning's too)
 MEMORY_BOUND_SHARE = 0.50    # in memory-bound ops (BatchNorm, elementwise, casts, ...)
 TRANSPOSE_SHARE = 0.10       # in layout transposes (NCHW <-> NHWC)
 HOST_GAP_SHARE = 0.25        # of step time in host gaps (Python, I/O: xprof's "All

@@ -1,6 +1,9 @@
-"""Which policy is fast here, from measurement: the kernel table (mpt/machine/kernels.py)
+"""Which policy is fast here, from measurement: the kernel table (mpt/machine/kernels.py
+on a CPU, mpt/machine/gpu_table.py on a GPU: this model's step profiled per policy)
 first, the CPU flags and GPU compute capabilities (mpt/machine/hardware.py) only when
-nothing was measured. When the two disagree, the verdict says so in words.
+nothing was measured. When the two disagree, the verdict says so in words. On a GPU
+the verdict also says when a 16-bit policy's convolutions and matmuls ran on CUDA
+cores rather than Tensor Cores, and in which layers.
 
 A policy's measured cost is its time over float32's, summed over the ops a model's
 training step runs (forward and backward, the op families of its layers): on the
@@ -11,6 +14,7 @@ Sapphire Rapids machine of tests/data/kernels that is ~100x for float16's convol
 from typing import Any
 
 from mpt import config
+from mpt.machine import gpu_table
 from mpt.machine import hardware
 from mpt.machine import kernels
 from mpt.records.verdict import PolicyVerdict
@@ -31,7 +35,15 @@ def families_of(layer_classes) -> list[str]:
   return found or ["conv", "depthwise", "matmul", "batchnorm"]
 
 
+def _gpu(table: dict[str, Any] | None) -> bool:
+  return bool(table) and table.get("kind") == "gpu"
+
+
 def _rows(table: dict[str, Any], families) -> list[dict[str, Any]]:
+  if _gpu(table):  # Rows by GPU op family: a depthwise convolution's kernels are conv.
+    gpu_families = {"depthwise": "conv"}
+    return [r for r in table.get("rows", [])
+            if r["op"] in {gpu_families.get(f, f) for f in families}]
   ops = {op for f in families for op in kernels.FAMILIES[f]}
   return [r for r in table.get("rows", []) if r["op"] in ops]
 
@@ -104,8 +116,8 @@ def verdict(policy: str, table: dict[str, Any] | None, families, flags: set[str]
   by_flags = hardware.fast_path(policy, flags, gpu_caps, cpu_name)
   ratios = step_ratios(step_ms)
   evidence = "cost" if ratios.get(policy) else "probe"
-  if evidence == "probe":
-    ratios = policy_ratios(table, families) if not gpu_caps else {}
+  if evidence == "probe":  # A CPU's table measures nothing a GPU runs.
+    ratios = policy_ratios(table, families) if not gpu_caps or _gpu(table) else {}
   if not ratios:
     return _flags_verdict(policy, by_flags)
   dtype, ratio = POLICY_DTYPE[policy], ratios[policy]
@@ -126,4 +138,21 @@ def verdict(policy: str, table: dict[str, Any] | None, families, flags: set[str]
       ratios[fastest], contradicts, ratios)
   if slow:
     found.text = _warning(policy, found, step_ms, worst, dtype)
+  if _gpu(table) and dtype != "float32":
+    _tensor_cores(found, policy, gpu_table.missed(table, dtype))
   return found
+
+
+def _tensor_cores(found: PolicyVerdict, policy: str,
+                  missed: tuple[float, list[str]] | None) -> None:
+  """A 16-bit policy whose eligible kernels ran on CUDA cores: share, layers, a line."""
+  if missed is None:
+    return
+  found.cuda_cores_share, found.cuda_cores_layers = round(missed[0], 4), missed[1]
+  if missed[0] < gpu_table.MISSED:
+    return
+  where = f" ({', '.join(missed[1])})" if missed[1] else ""
+  line = (f"{missed[0]:.0%} of its convolution and matmul kernel time ran on CUDA "
+          f"cores, not Tensor Cores{where}: channels, units and the batch in multiples "
+          f"of 8 (the first convolution's 3 input channels padded) keep them there")
+  found.text = f"{found.text}; {line}" if found.text else f"{policy}: {line}"

@@ -21,6 +21,7 @@ from mpt import files
 from mpt import config
 from mpt.config import Config
 from mpt.records import typed
+from mpt.records.gpu import GpuKernelTable
 
 SCHEMA = 1
 POLICIES = tuple(config.POLICY_DTYPE)  # float32 first: the baseline measures first.
@@ -53,6 +54,9 @@ class Cost:
   seconds: float = 0.0  # What measuring cost, wall time, the TF import excluded.
   source: str = "measured"  # measured | cache: PATH | recorded: PATH
   schema: int = SCHEMA
+  # On a GPU: the kernel table from the step profiled per policy, or why there is none.
+  gpu_kernels: GpuKernelTable | None = None
+  gpu_kernels_note: str | None = None
 
   def of(self, policy: str) -> PolicyCost | None:
     return next((p for p in self.policies if p.policy == policy), None)

@@ -109,3 +109,36 @@ class GpuProfile:
   sixteen_bit_share: float | None = None  # Share of kernel time in 16-bit kernels.
   eligible_from: str = "xprof"  # "xprof" | "op type" (old captures: derived)
   notes: list[str] = dataclasses.field(default_factory=list)  # What it could not read.
+
+
+@dataclasses.dataclass
+class FamilyRow:
+  """One op family's kernels in one policy's profiled steps (mpt/machine/gpu_table.py)."""
+  family: str  # FAMILIES' name: conv, matmul, batchnorm, ...
+  dtype: str  # The policy's compute dtype: float32, float16, bfloat16.
+  ms: float  # Kernel time per step.
+  tensor_core: float  # Share of it on Tensor Cores.
+  cuda_cores_ms: float = 0.0  # Per step: Tensor-Core-eligible kernels on CUDA cores.
+  kernel: str = ""  # The kernel with the most time, its name shortened.
+  layers: list[str] = dataclasses.field(default_factory=list)  # Those CUDA-core
+  # kernels' layers, most time first.
+  ratio: float | None = None  # ms over float32's for the same family.
+
+
+@dataclasses.dataclass
+class GpuKernelTable:
+  """The kernel table on a GPU: this model's step, profiled under each policy."""
+  device: str  # The GPU, as the data sheet or the capture names it.
+  steps: int  # Profiled steps per policy.
+  rows: list[FamilyRow] = dataclasses.field(default_factory=list)
+  notes: list[str] = dataclasses.field(default_factory=list)
+
+  def as_table(self) -> dict:
+    """In the CPU kernel table's shape (mpt/machine/kernels.py), for fastpath.py: an
+    op family per row, its "impl" the Tensor Core share and the busiest kernel."""
+    return {"kind": "gpu", "source": f"{self.device}: this model's step, profiled",
+            "rows": [{"op": r.family, "dtype": r.dtype, "ms": r.ms, "ratio": r.ratio,
+                      "impl": f"{r.tensor_core:.0%} on Tensor Cores ({r.kernel})",
+                      "reference": False, "tensor_core": r.tensor_core,
+                      "cuda_cores_ms": r.cuda_cores_ms, "layers": r.layers}
+                     for r in self.rows]}

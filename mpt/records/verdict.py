@@ -37,6 +37,10 @@ class PolicyVerdict:
   text: str | None = None  # The one-line warning printed before step 1, or None.
   source: str | None = None  # Where the table or timing came from.
   note: str | None = None  # The kernel table's note (a stand-in, a failed probe).
+  # On a GPU, from its kernel table: the 16-bit policy's share of eligible kernel
+  # time on CUDA cores rather than Tensor Cores, and those kernels' layers.
+  cuda_cores_share: float | None = None
+  cuda_cores_layers: list[str] = dataclasses.field(default_factory=list)
 
   @property
   def measured(self) -> bool:
@@ -59,6 +63,10 @@ class Candidate:
   dropped: str | None = None  # Why it was not timed to the end, or None.
   predicted_ms: float | None = None  # Its step's predicted cost (mpt/train/cost.py).
   vs_float32: float | None = None  # float32's ms/step over its own.
+  # On a GPU, from the kernel table (mpt/machine/gpu_table.py): the share of its
+  # convolution/matmul kernel time on Tensor Cores, and the layers left on CUDA cores.
+  tensor_cores: float | None = None
+  cuda_cores_layers: list[str] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass

@@ -13,7 +13,9 @@ that policy in flags.txt, so that --resume and a replayed flags.txt continue it.
 With the step's cost per policy measured before (mpt/train/cost.py), only the
 policies it leaves in doubt are timed: a policy predicted more than DOUBT times the
 fastest prediction is dropped untimed, and when one policy is left it is chosen
-without timing anything.
+without timing anything. On a GPU the kernel table (mpt/machine/gpu_table.py, from
+the same measurement) adds each candidate's Tensor Core share to the table, and the
+layers a 16-bit candidate left on CUDA cores.
 """
 
 import math
@@ -23,7 +25,9 @@ from typing import Callable
 
 import keras
 
-from mpt.config import Config
+from mpt.config import POLICY_DTYPE, Config
+from mpt.machine import gpu_table
+from mpt.records.gpu import GpuKernelTable
 from mpt.records.verdict import Candidate, PolicyChoice
 from mpt.train import precision
 from mpt.train import steps as steps_lib
@@ -67,11 +71,25 @@ def _untimed(predicted: dict[str, float] | None) -> dict[str, Candidate]:
           for p in CANDIDATES if predicted[p] > DOUBT * best}
 
 
+def _kernels(rows: list[Candidate], kernels: GpuKernelTable | None) -> None:
+  """Each candidate's Tensor Core share and CUDA-core layers, from the GPU's table."""
+  if kernels is None:
+    return
+  table = kernels.as_table()
+  for r in rows:
+    dtype = POLICY_DTYPE[r.policy]
+    r.tensor_cores = gpu_table.eligible_on_tensor_cores(kernels, dtype)
+    missed = gpu_table.missed(table, dtype)
+    if missed and missed[0] >= gpu_table.MISSED:
+      r.cuda_cores_layers = missed[1]
+
+
 def choose(cfg: Config, data: Data, strategy, build: Callable[[], keras.Model],
-           steps: int = 3, predicted: dict[str, float] | None = None
-           ) -> tuple[str, PolicyChoice]:
+           steps: int = 3, predicted: dict[str, float] | None = None,
+           kernels: GpuKernelTable | None = None) -> tuple[str, PolicyChoice]:
   """(the chosen policy, the record of the choice); `build()` makes the model;
-  `predicted`: each policy's predicted ms/step, when measured."""
+  `predicted`: each policy's predicted ms/step, when measured; `kernels`: the kernel
+  table on a GPU (each candidate's Tensor Core share, shown in the table)."""
   start, rows, best_first = time.perf_counter(), [], None
   untimed = _untimed(predicted)
   in_doubt = [p for p in CANDIDATES if p not in untimed]
@@ -94,6 +112,7 @@ def choose(cfg: Config, data: Data, strategy, build: Callable[[], keras.Model],
   base = next((r.ms_per_step for r in rows if r.policy == "float32"), None)
   for r in rows:
     r.vs_float32 = base / r.ms_per_step if base and r.ms_per_step else None
+  _kernels(rows, kernels)
   keras.backend.clear_session()
   return chosen, PolicyChoice("auto", chosen, steps if len(in_doubt) > 1 else 0, rows,
                               round(time.perf_counter() - start, 2))
@@ -101,8 +120,11 @@ def choose(cfg: Config, data: Data, strategy, build: Callable[[], keras.Model],
 
 def format_table(choice: PolicyChoice, markdown: bool = False) -> str:
   """The candidates as a table: ms/step, speed vs float32, first step, why dropped."""
-  head = "| policy | ms/step | speed vs float32 | first step ms | note |"
-  lines = [head, "|---|---|---|---|---|"] if markdown else [head]
+  gpu = any(r.tensor_cores is not None for r in choice.candidates)
+  head = ("| policy | ms/step | speed vs float32 | first step ms |"
+          + (" on Tensor Cores |" if gpu else "") + " note |")
+  lines = [head, "|---|---|---|---|" + ("---|" if gpu else "") + "---|"] if markdown \
+      else [head]
   for r in choice.candidates:
     ms = f"{r.ms_per_step:.1f}" if r.ms_per_step else "-"
     vs = f"{r.vs_float32:.2f}x" if r.vs_float32 else "-"
@@ -111,6 +133,9 @@ def format_table(choice: PolicyChoice, markdown: bool = False) -> str:
     first = f"{r.first_ms:.0f}" if r.first_ms is not None else "-"
     if r.first_ms is None and r.ms_per_step and not r.dropped:
       note = "chosen on its predicted cost, not timed"
-    lines.append(f"| {r.policy} | {ms} | {vs} | {first} | {note} |")
+    if r.cuda_cores_layers:
+      note = "; ".join(filter(None, [note, "CUDA cores: " + ", ".join(r.cuda_cores_layers)]))
+    cores = (f" {r.tensor_cores:.0%} |" if r.tensor_cores is not None else " - |") if gpu else ""
+    lines.append(f"| {r.policy} | {ms} | {vs} | {first} |{cores} {note} |")
   lines.append(f"choosing took {choice.seconds:.1f} s")
   return "\n".join(lines)

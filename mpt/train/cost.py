@@ -15,6 +15,11 @@ estimate is that call less float32's first-call overhead), or after its second c
 when that took more than STOP times float32's second (the estimate is that call
 scaled by float32's own second-call-to-steady ratio).
 
+On a GPU each policy's step is then profiled for PROFILED_STEPS more calls and the
+captures read into the kernel table on a GPU (mpt/machine/gpu_table.py: per op family,
+the share on Tensor Cores and the layers whose eligible kernels ran on CUDA cores),
+which the verdict before step 1 and `--policy=auto` read from the Cost.
+
 `for_run` is the training run's entry: a stand-in ($MPT_COST: a recorded cost.json,
 or `none`), the cache (mpt/records/cost.py), a skip when the run is shorter than the
 measurement, or a measurement in this process. `python -m mpt.train.cost FLAGFILE OUT
@@ -26,6 +31,7 @@ import os
 import pathlib
 import statistics
 import sys
+import tempfile
 import time
 from typing import Callable
 
@@ -33,6 +39,10 @@ import keras
 import tensorflow as tf
 
 from mpt import config
+from mpt import errors
+from mpt.machine import gpu_profile
+from mpt.machine import gpu_specs
+from mpt.machine import gpu_table
 from mpt.machine import isa
 from mpt.records import cost as cost_lib
 from mpt.records.cost import Cost, PolicyCost
@@ -44,6 +54,7 @@ from mpt.train import steps as steps_lib
 ENV = "MPT_COST"
 STOP = 5.0       # a 16-bit call this many times float32's: timing stops there
 TIMED_STEPS = 2  # steps timed after the first two calls
+PROFILED_STEPS = 2  # on a GPU, per policy: the kernel table's steps
 MIN_RUN_STEPS = cost_lib.MIN_RUN_STEPS
 Clock = Callable[[], float]
 
@@ -92,13 +103,49 @@ def _estimate(row: PolicyCost, f32: PolicyCost) -> float:
   return row.second_ms * f32.ms_per_step / f32.second_ms  # As float32 warmed up.
 
 
+def _profiled(step: Callable[[], float], folder: pathlib.Path):
+  """PROFILED_STEPS calls of `step` under TF's profiler, read (GpuProfile)."""
+  tf.profiler.experimental.start(str(folder))
+  try:
+    for _ in range(PROFILED_STEPS):
+      step()
+  finally:
+    tf.profiler.experimental.stop()
+  found = gpu_profile.find_traces(folder)
+  if not found:
+    raise errors.UserError("the profiler wrote no capture")
+  profile = gpu_profile.read(found[0])
+  if profile.device is None or not profile.kernels:
+    raise errors.UserError("; ".join(profile.notes) or "no GPU kernels in the capture")
+  return profile
+
+
+def kernel_table(steps: dict[str, Callable[[], float]]):
+  """(the kernel table on this GPU from each policy's step profiled, or None, and why
+  not). Never raises for a capture it cannot read: the table is evidence, not the run."""
+  profiles = {}
+  with tempfile.TemporaryDirectory(prefix="mpt-kernels-") as tmp:
+    for policy, step in steps.items():
+      try:
+        profiles[policy] = _profiled(step, pathlib.Path(tmp) / policy)
+      except (errors.UserError, tf.errors.OpError) as e:
+        return None, f"the kernel table on this GPU was not read ({policy}): {e}"
+  if not profiles:
+    return None, "the kernel table on this GPU was not read: no policy's step ran"
+  device = next(iter(profiles.values())).device
+  name = (gpu_specs.identify(device)[0] or device.model or device.name) if device else "GPU"
+  notes = sorted({n for p in profiles.values() for n in p.notes})
+  return gpu_table.table(profiles, PROFILED_STEPS, name, notes), None
+
+
 def measure(cfg: config.Config, build: Callable[[], keras.Model],
             policies=cost_lib.POLICIES, clock: Clock = time.perf_counter,
-            base: PolicyCost | None = None) -> Cost:
+            base: PolicyCost | None = None, gpu: bool | None = None) -> Cost:
   """Times the model's step under `policies` in this process, interleaved: every
   policy's first call (float32's first), then every second call, then TIMED_STEPS
   rounds, so that the machine's ups and downs fall on every policy alike. `base`:
-  float32's row from an earlier measurement, not timed again."""
+  float32's row from an earlier measurement, not timed again. `gpu`: profile each
+  policy's step into the kernel table (default: where TF sees a GPU)."""
   batch = cost_lib.device_batch(cfg)
   onednn = keras_fit.onednn_rewrite_on()
   found = Cost(cost_lib.key_for(cfg, onednn, isa.detect()), onednn, batch)
@@ -142,6 +189,10 @@ def measure(cfg: config.Config, build: Callable[[], keras.Model],
     if row.ms_per_step is None and not row.stopped:
       row.stopped = "not timed: float32's step could not be timed"
   found.policies = [rows[p] for p in order]
+  if gpu if gpu is not None else bool(tf.config.list_logical_devices("GPU")):
+    ran = {p: steps[p] for p in order
+           if p in steps and not (rows[p].stopped or "").startswith("failed")}
+    found.gpu_kernels, found.gpu_kernels_note = kernel_table(ran)
   precision.set_policy("float32")
   keras.backend.clear_session()
   found.seconds = round(clock() - start, 2)

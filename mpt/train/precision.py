@@ -44,11 +44,17 @@ def check_speed(policy: str, layer_classes,
   (mpt/machine/fastpath.py); prints ONE warning when it is slow, before step 1.
 
   This model's step timed per policy (`cost`, mpt/train/cost.py) decides how slow; the
-  kernel table ($MPT_KERNELS, the cache, or a ~10 s probe) names the kernel to blame,
-  and decides alone where the step was not timed; with neither, the CPU flags do
+  kernel table ($MPT_KERNELS, the cache, or a ~10 s probe; on a GPU the model's step
+  profiled per policy, `cost.gpu_kernels`) names the kernel to blame, and decides
+  alone where the step was not timed; with neither, the CPU flags do
   (`hardware.fast_path`, the diagnosis' rule too)."""
-  table, note = kernels.table()
   gpu_caps = hardware.gpu_compute_capabilities()
+  if cost is not None and cost.gpu_kernels is not None:  # This model's, profiled.
+    table, note = cost.gpu_kernels.as_table(), None
+  elif gpu_caps:  # The CPU's table measures nothing a GPU runs.
+    table, note = None, None
+  else:
+    table, note = kernels.table()
   found = fastpath.verdict(policy, table, fastpath.families_of(layer_classes),
                            hardware.cpu_flags(), gpu_caps,
                            "" if gpu_caps else f"this CPU ({hardware.cpu_name()})",

@@ -31,6 +31,7 @@ from mpt import injection
 from mpt import models
 from mpt import supervisor
 from mpt.errors import UserError
+from mpt.machine import gpu_table
 from mpt.measure import dtypes as dtypes_lib
 from mpt.measure import memory
 from mpt.measure import profiler
@@ -200,6 +201,10 @@ def _before_step_one(cfg: config.Config, data: data_lib.Data, dist: distribute.S
     print(f"mpt: note: {note}", flush=True)
   if found:
     print(cost_lib.one_line(found, onednn.short()), flush=True)
+    if found.gpu_kernels is not None:
+      print(gpu_table.one_line(found.gpu_kernels), flush=True)
+    elif found.gpu_kernels_note:
+      print(f"mpt: note: {found.gpu_kernels_note}", flush=True)
   return onednn, found
 
 
@@ -212,7 +217,8 @@ def _choose_policy(cfg: config.Config, data: data_lib.Data, dist: distribute.Set
   chosen, choice = autopolicy.choose(
       cfg, data, dist.strategy,
       lambda: build_model(cfg, len(data.class_names), dist.replicas),
-      predicted=cost.predicted() if cost else None)
+      predicted=cost.predicted() if cost else None,
+      kernels=cost.gpu_kernels if cost else None)
   print(f"mpt: --policy=auto: {chosen} was fastest here\n"
         f"{autopolicy.format_table(choice)}", flush=True)
   cfg = dataclasses.replace(cfg, policy=chosen)
