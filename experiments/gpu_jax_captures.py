@@ -24,7 +24,8 @@ import statistics
 import sys
 import time
 
-os.environ.setdefault("KERAS_BACKEND", "jax")
+if __name__ == "__main__":  # Not when a test imports it: its children would inherit.
+  os.environ.setdefault("KERAS_BACKEND", "jax")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402

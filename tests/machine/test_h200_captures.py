@@ -8,6 +8,7 @@ nvidia-smi line recorded with them.
 
 import functools
 import importlib.util
+import os
 import re
 
 import keras
@@ -88,6 +89,7 @@ def test_bfloat16s_first_convolution_left_the_tensor_cores():
 
 
 def test_the_capture_script_builds_mpts_seed_convnet():
+  backend = os.environ.get("KERAS_BACKEND")
   spec = importlib.util.spec_from_file_location(
       "gpu_jax_captures", ROOT / "experiments" / "gpu_jax_captures.py")
   script = importlib.util.module_from_spec(spec)
@@ -96,4 +98,5 @@ def test_the_capture_script_builds_mpts_seed_convnet():
   ours = convnets.seed_convnet((32, 32, 3), 10)
   assert [type(l).__name__ for l in theirs.layers] == [type(l).__name__ for l in ours.layers]
   assert [l.get_config() for l in theirs.layers] == [l.get_config() for l in ours.layers]
-  assert keras.backend.backend() == "tensorflow"  # The script did not switch ours.
+  assert keras.backend.backend() == "tensorflow"  # The script did not switch ours,
+  assert os.environ.get("KERAS_BACKEND") == backend  # nor its children's.
