@@ -15,8 +15,9 @@ The suite reads no fact of the host it could get wrong on another machine:
 - The kernel's OOM-kill counters are a file of this session (`MPT_OOM_KILLS`), which
   only an injected `kill` fault counts in: another process of the host being
   OOM-killed cannot turn a test's SIGKILL into an OOM, nor the reverse.
-- After each test the global precision policy is float32 again and op determinism is
-  off, whatever the test did; child processes a test started are killed.
+- After each test the global precision policy is float32 again, op determinism is off
+  and os.environ is the session's, whatever the test did; child processes a test
+  started are killed.
 """
 
 import os
@@ -110,8 +111,15 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True)
 def _reset_global_state():
-  """Each test starts as a fresh process would: float32, no op determinism."""
+  """Each test starts as a fresh process would: float32, no op determinism, and the
+  session's environment (a script a test imports by path may set a variable, e.g.
+  experiments/gpu_jax_captures.py's KERAS_BACKEND=jax, that every later child process
+  of the worker would inherit)."""
+  environ = dict(os.environ)
   yield
+  if os.environ != environ:
+    os.environ.clear()
+    os.environ.update(environ)
   keras.mixed_precision.set_global_policy("float32")
   # Written for TF 2.21: TensorFlow has no public switch back (tf.config.experimental
   # has only enable_op_determinism); without this, a --deterministic run would leave
