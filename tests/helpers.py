@@ -18,6 +18,30 @@ from typing import Callable
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data"
+
+
+def gpu_captures() -> pathlib.Path:
+  """tests/data/gpu_captures as the tests read it: the captures over 1 MB are stored
+  gzipped (`*.xplane.pb.gz`, byte for byte the same once expanded: the README's
+  sha256 are the expanded files'), so they are expanded, once per process, into a
+  temporary copy of the folder."""
+  global _GPU_CAPTURES
+  if _GPU_CAPTURES is None:
+    import atexit
+    import gzip
+    import shutil
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="mpt-gpu-captures-"))
+    atexit.register(shutil.rmtree, tmp, True)
+    shutil.copytree(DATA / "gpu_captures", tmp / "gpu_captures",
+                    ignore=shutil.ignore_patterns("*.gz"))
+    for packed in (DATA / "gpu_captures").rglob("*.xplane.pb.gz"):
+      out = tmp / "gpu_captures" / packed.relative_to(DATA / "gpu_captures")
+      out.with_suffix("").write_bytes(gzip.decompress(packed.read_bytes()))
+    _GPU_CAPTURES = tmp / "gpu_captures"
+  return _GPU_CAPTURES
+
+
+_GPU_CAPTURES = None
 CPUINFO = DATA / "cpuinfo"
 # Every /proc/cpuinfo the suite can stand in for the host (`pytest --cpuinfo=NAME`).
 CPUINFO_FIXTURES = sorted(p.name for p in CPUINFO.glob("*.txt"))

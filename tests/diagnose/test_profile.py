@@ -28,9 +28,9 @@ from mpt.diagnose.options import DiagnoseOptions
 from mpt.machine import gpu_profile, gpu_specs, xspace
 from mpt.records.gpu import GpuDevice, GpuProfile, Kernel, Split
 
-from helpers import DATA, ROOT
+from helpers import DATA, ROOT, gpu_captures
 
-CAPTURES = DATA / "gpu_captures"
+CAPTURES = gpu_captures()  # Expanded from tests/data (helpers.py).
 ALEXNETS = ("v100_alexnet", "t4_alexnet", "p100_alexnet", "p4_alexnet")
 # Data sheets: float16 on Tensor Cores over float32 on CUDA cores.
 TC_RATIO = {"v100_alexnet": 125.0 / 15.7, "t4_alexnet": 65.0 / 8.1}

@@ -11,11 +11,11 @@ import sys
 import pytest
 from xprof.protobuf import kernel_stats_pb2
 
-from helpers import DATA
+from helpers import DATA, gpu_captures
 from mpt import errors
 from mpt.machine import gpu_profile, kernel_families, traces, xspace
 
-CAPTURES = DATA / "gpu_captures"
+CAPTURES = gpu_captures()  # Expanded from tests/data (helpers.py).
 # From the source READMEs: the device plane's stats, and xprof 2.24's summary.txt
 # (kernel_stats total, overview step_avg_ms). (cc, SMs, MHz, GB/s, GB, kernel ms, step ms)
 FACTS = {

@@ -14,11 +14,11 @@ import re
 import keras
 import pytest
 
-from helpers import DATA, ROOT
+from helpers import ROOT, gpu_captures
 from mpt.machine import gpu_kernels, gpu_profile, gpu_specs, traces, xspace
 from mpt.models import convnets
 
-CAPTURES = DATA / "gpu_captures"
+CAPTURES = gpu_captures()  # Expanded from tests/data (helpers.py).
 POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
 
 

@@ -15,9 +15,9 @@ from mpt.machine import fastpath, gpu_profile, gpu_table, hardware, kernels
 from mpt.records.cost import Cost, PolicyCost
 from mpt.train import autopolicy, cost, model, precision
 
-from helpers import DATA
+from helpers import gpu_captures
 
-CAPTURES = DATA / "gpu_captures"
+CAPTURES = gpu_captures()  # Expanded from tests/data (helpers.py).
 TIMED = json.loads((CAPTURES / "h200_seed_timings.json").read_text())["ms_per_step"]
 FAMILIES = fastpath.families_of(["Conv2D", "BatchNormalization", "Dense"])
 HOPPER = [(9, 0)]
