@@ -1,26 +1,51 @@
 """mpt: measure whether mixed precision makes a TensorFlow/Keras model train faster.
 
-Command line: `python -m mpt.main` (mpt/main.py). In your own training script:
+Command line: `python -m mpt` (mpt/main.py). In your own training script, any Keras
+model (Functional, Sequential or subclassed), on Keras' TensorFlow backend:
 
   import mpt
   model.fit(train, epochs=3, validation_data=val,
             callbacks=mpt.callbacks("logs/my_run", batch_size=32))
 
 writes the same run folder (TensorBoard tags, dtypes.json, summary.json) and prints the
-same diagnosis at the end (mpt/train/library.py).
+same diagnosis at the end of each fit (mpt/train/library.py); one list serves any
+number of fits. In your own loop, `mpt.track` (mpt/train/tracker.py):
+
+  run = mpt.track("logs/my_loop", model, batch_size=32, optimizer=opt)
+  step = run.step(train_step)
+  with run:
+    for images, labels in run.batches(train_ds):
+      step(images, labels)
 """
 
 __version__ = "0.1.0"
 
 
-def callbacks(run_dir: str, *, batch_size: int, **options) -> list:
-  """Keras callbacks measuring a user's `model.fit` into the run folder `run_dir`;
+def _after_run(diagnose: bool):
+  if not diagnose:
+    return None
+  from mpt.diagnose import diagnosis  # A wing: only when asked.
+  return diagnosis.after_run
+
+
+def callbacks(run_dir: str, *, batch_size: int, input_shape: tuple | None = None,
+              diagnose: bool = True, **options) -> list:
+  """Keras callbacks measuring a user's `model.fit` (any number of fits) into the run
+  folder `run_dir`; `input_shape` (one example's) only where the model cannot tell it;
   options: warmup_steps=5, log_every=10, sample_every=1.0 (None: no sampler),
-  diagnose=True (the diagnosis at the end)."""
+  diagnose=True (the diagnosis after each fit)."""
   from mpt.train import library  # TensorFlow: only when asked.
-  after_run = None
-  if options.pop("diagnose", True):
-    from mpt.diagnose import diagnosis
-    after_run = diagnosis.after_run
-  return library.callbacks(run_dir, batch_size=batch_size, after_run=after_run,
-                           **options)
+  opts = library.Options(batch_size, "fit", input_shape)
+  return library.callbacks(run_dir, opts, after_run=_after_run(diagnose), **options)
+
+
+def track(run_dir: str, model, *, batch_size: int, optimizer=None,
+          input_shape: tuple | None = None, diagnose: bool = True, **options):
+  """mpt around your own training loop (mpt/train/tracker.py): `run.step(fn)` wraps
+  the step, `run.batches(data)` times the fetch, `run.end_epoch(logs)` ends an epoch,
+  `with run:` opens and closes the run folder. `optimizer`: the loop's (its loss
+  scale is tracked); options as for `callbacks`."""
+  from mpt.train import tracker
+  return tracker.Tracker(run_dir, model, batch_size=batch_size, optimizer=optimizer,
+                         input_shape=input_shape, after_run=_after_run(diagnose),
+                         **options)

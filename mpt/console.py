@@ -58,6 +58,18 @@ def quiet_tensorflow() -> None:
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
 
+def keras_on_tensorflow() -> str | None:
+  """Keras' TensorFlow backend for this process and its children (mpt trains, times and
+  profiles TensorFlow's step); call before Keras is imported. Returns a note when the
+  user's KERAS_BACKEND chose another (the variable overrides keras.json)."""
+  chosen = os.environ.get("KERAS_BACKEND", "")
+  os.environ["KERAS_BACKEND"] = "tensorflow"
+  if chosen and chosen != "tensorflow":
+    return (f"mpt: note: KERAS_BACKEND={chosen} ignored: mpt measures TensorFlow, so its "
+            "own processes use Keras' TensorFlow backend")
+  return None
+
+
 # A C++ INFO line of absl's format: `I1203 12:00:00.123456 ...` (TF's own start-up lines
 # carry `I0000 00:00:...`: they are written before its log level is read), and absl's
 # notice that this is so, which TF's two native libraries print once each.

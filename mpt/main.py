@@ -23,6 +23,7 @@ from absl import flags
 from mpt import console
 
 console.quiet_tensorflow()  # Before any wing imports TensorFlow.
+_BACKEND_NOTE = console.keras_on_tensorflow()  # Before any wing imports Keras.
 
 from mpt import config  # noqa: E402
 from mpt.compare.options import CompareOptions  # noqa: E402
@@ -83,6 +84,23 @@ EXIT_CODES = {"completed": 0, "interrupted": 130, "diverged": 3,
 RESUME_FLAGS = {"resume", "verbose", "flagfile"}
 
 
+# --help's groups, one per mode (absl groups flags by the module name they were
+# defined under; all are defined here, so each options class gets its mode's name).
+GROUPS = {config.Config: "a training run (--mode=train, --mode=inspect, each sweep cell)",
+          SweepOptions: "--mode=sweep", MicrobenchOptions: "--mode=microbench",
+          DiagnoseOptions: "--mode=diagnose", CompareOptions: "--mode=compare"}
+MODE_GROUP = "mpt (python -m mpt --mode=MODE --flag=value ...)"
+USAGE = """mpt: does mixed precision make my model train faster here, and if not, why not?
+
+  python -m mpt                                   # train the seed convnet, ~1 min on a CPU
+  python -m mpt --policy=mixed_float16 --loop=custom
+  python -m mpt --mode=inspect --model=mynets:build_net
+  python -m mpt --mode=diagnose --run=logs/<run>
+
+The flags, by mode (docs/usage.md describes each):"""
+HELP_FLAGS = ("--help", "-help", "-h", "-?", "--helpshort", "-helpshort")
+
+
 def all_fields():
   """Every flag but --mode: the fields of Config and of each mode's options."""
   return [f for options in OPTIONS for f in config.fields(options)]
@@ -91,23 +109,38 @@ def all_fields():
 def _define_flags() -> None:
   """--mode, and one absl flag per options field, with its default, help and bounds."""
   flags.DEFINE_enum(
-      "mode", "train", list(MODES), "`train` a model, `inspect` its per-layer dtypes "
+      "mode", "train", list(MODES), module_name=MODE_GROUP, help="`train` a model, `inspect` its per-layer dtypes "
       "and FLOPs without training, `microbench` the CPU and TensorFlow, `sweep` batch "
       "sizes x policies x loops, `diagnose` an existing run or sweep folder (--run), or "
       "`compare` finished runs in one table (--runs).")
-  for f in all_fields():
-    meta, default = f.metadata, f.default
-    if meta["choices"]:
-      flags.DEFINE_enum(f.name, default, list(meta["choices"]), meta["help"])
-    elif f.type is bool or isinstance(default, bool):
-      flags.DEFINE_bool(f.name, default, meta["help"])
-    elif isinstance(default, int):
-      flags.DEFINE_integer(f.name, default, meta["help"],
-                           lower_bound=meta["lower_bound"])
-    elif isinstance(default, float):
-      flags.DEFINE_float(f.name, default, meta["help"])
-    else:
-      flags.DEFINE_string(f.name, default, meta["help"])
+  for options in OPTIONS:
+    for f in config.fields(options):
+      _define(f, GROUPS[options])
+
+
+def _define(f, group: str) -> None:
+  """The absl flag of options field `f`, with its default, help and bounds."""
+  meta, default = f.metadata, f.default
+  if meta["choices"]:
+    flags.DEFINE_enum(f.name, default, list(meta["choices"]), meta["help"],
+                      module_name=group)
+  elif f.type is bool or isinstance(default, bool):
+    flags.DEFINE_bool(f.name, default, meta["help"], module_name=group)
+  elif isinstance(default, int):
+    flags.DEFINE_integer(f.name, default, meta["help"],
+                         lower_bound=meta["lower_bound"], module_name=group)
+  elif isinstance(default, float):
+    flags.DEFINE_float(f.name, default, meta["help"], module_name=group)
+  else:
+    flags.DEFINE_string(f.name, default, meta["help"], module_name=group)
+
+
+def short_help() -> str:
+  """--help: the usage lines, then the flags grouped by mode (absl's own --helpshort
+  lists a main module's flags in one block)."""
+  groups = [FLAGS.module_help(g).strip("\n") for g in [MODE_GROUP, *GROUPS.values()]]
+  return (f"{USAGE}\n\n" + "\n\n".join(groups) +
+          "\n\nabsl's own flags (--flagfile, -v, ...): --helpfull")
 
 
 _define_flags()
@@ -119,6 +152,8 @@ def main(argv: list[str], supervise: bool = False) -> int:
   # absl at WARNING (TF logs each checkpoint's sharding and each traced all-reduce
   # through it) unless -v/--verbosity asks for more.
   console.quiet_absl(FLAGS["verbosity"].present)
+  if _BACKEND_NOTE:
+    print(_BACKEND_NOTE, flush=True)
   if len(argv) > 1:
     print(f"mpt: error: unexpected arguments {argv[1:]}; flags look like "
           "--name=value", file=sys.stderr)
@@ -156,11 +191,10 @@ def main(argv: list[str], supervise: bool = False) -> int:
 
 
 def run() -> None:
-  """Console-script entry point (`mpt ...`)."""
-  # absl's --help lists the main script's key flags; for the `mpt` wrapper script that
-  # is not this module, so name ours as its key flags.
-  for name in ["mode"] + [f.name for f in all_fields()]:
-    FLAGS.register_key_flag_for_module(sys.argv[0], FLAGS[name])
+  """Console-script and `python -m mpt` entry point."""
+  if any(a in HELP_FLAGS for a in sys.argv[1:]):
+    print(short_help())
+    sys.exit(0)
   app.run(lambda argv: main(argv, supervise=True))
 
 

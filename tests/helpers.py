@@ -54,6 +54,18 @@ TINY_FLAGS = ["--image_size=16", "--batch_size=4", "--synthetic_train=20",
               "--synthetic_val=10", "--synthetic_px=20", "--verbose=0"]
 
 
+# A user's custom layer with weights and ops of its own (whose FLOPs mpt cannot see),
+# for the scripts and modules the tests write as a user would.
+USER_SCALE_LAYER = """
+class Scale(keras.layers.Layer):
+  def build(self, shape):
+    self.w = self.add_weight(shape=(shape[-1],), initializer="ones")
+
+  def call(self, x):
+    return x * keras.ops.cast(self.w, x.dtype)
+"""
+
+
 def read_events(run_dir) -> dict[str, list[tuple[int, object]]]:
   """{tag: [(step, value), ...]} of every summary in run_dir's event files.
 

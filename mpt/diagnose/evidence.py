@@ -84,6 +84,9 @@ class Evidence:
   def rerun(self, policy: str) -> str:
     """The command that trains this run again under `policy` (flags.txt replayed)."""
     folder = self.run_dir or pathlib.Path(self.summary.run_dir or ".")
+    if self.summary.dataset == "user":  # A script's run (mpt.callbacks, mpt.track).
+      return (f"rerun your script with keras.mixed_precision.set_global_policy("
+              f"{policy!r}) and a new run folder")
     return (f"python -m mpt.main --flagfile={shlex.quote(str(folder / 'flags.txt'))} "
             f"--policy={policy}")
 
@@ -174,6 +177,8 @@ def _notes(s: RunSummary, op_stats, notes: list[str]) -> None:
   if not s.hardware:
     notes.append("summary.json records no hardware facts (a run made before mpt "
                  "recorded them): the hardware checks were skipped")
+  for what, why in s.not_measured.items():
+    notes.append(f"not measured ({what.replace('_', ' ')}): {why}")
   found = s.policy_verdict
   if found is None:
     notes.append("summary.json records no kernel verdict (a run made before mpt "

@@ -1,6 +1,8 @@
 """Per-layer dtype inspection: where the 16-bit and the 32-bit work of a model goes.
 
-One row per layer: class, dtype policy, compute and variable dtype, the dtype of the
+One row per layer doing its own work, as one real call of the model shows it (any
+model: Functional, Sequential, subclassed, custom layers, nested models;
+mpt/measure/observe.py): class, dtype policy, compute and variable dtype, the dtype of the
 layer's output *observed in a real forward pass* (not read off the policy), parameter
 count, forward FLOPs per example, and whether its matrix dimensions (channels in/out,
 units) are multiples of 8, the Tensor Core / AMX alignment rule. Below the rows: the
@@ -18,6 +20,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from mpt.errors import UserError
+from mpt.measure import observe
 from mpt.models.fused_bn import FusedBatchNormalization
 
 MATMUL_LAYERS = (keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.Conv3D,
@@ -28,8 +32,10 @@ def _size(shape) -> int:
   return int(np.prod([d for d in shape[1:]])) if shape else 0
 
 
-def layer_flops(layer: keras.layers.Layer) -> tuple[int, tuple[int, int] | None]:
-  """(forward FLOPs per example, (matrix dim in, dim out) or None) of one layer.
+def layer_flops(layer: keras.layers.Layer, in_shape: tuple | None,
+                out_shape: tuple | None) -> tuple[int, tuple[int, int] | None]:
+  """(forward FLOPs per example, (matrix dim in, dim out) or None) of one layer, from
+  the shapes it was seen called with.
 
   A multiply-add counts as 2 FLOPs. Convolutions and dense layers count their
   multiply-adds (plus one per output for a fused activation); BatchNorm 4 per element
@@ -37,13 +43,12 @@ def layer_flops(layer: keras.layers.Layer) -> tuple[int, tuple[int, int] | None]
   """
   if hasattr(layer, "flops_per_example"):  # A custom layer that counts its own.
     return int(layer.flops_per_example()), None
-  out_shape = tuple(layer.output.shape)
   out = _size(out_shape)
   if isinstance(layer, keras.layers.DepthwiseConv2D):
     k = math.prod(layer.kernel_size)
     return 2 * out * k, None
-  if isinstance(layer, MATMUL_LAYERS):
-    c_in = layer.input.shape[-1]
+  if isinstance(layer, MATMUL_LAYERS) and in_shape and out_shape:
+    c_in = in_shape[-1]
     per_output = c_in * (math.prod(layer.kernel_size) // getattr(layer, "groups", 1)
                          if hasattr(layer, "kernel_size") else 1)
     act = out if getattr(layer, "activation", None) not in (
@@ -52,6 +57,13 @@ def layer_flops(layer: keras.layers.Layer) -> tuple[int, tuple[int, int] | None]
   if isinstance(layer, (keras.layers.BatchNormalization, FusedBatchNormalization)):
     return 4 * out, None
   return out, None
+
+
+def _counted(layer: keras.layers.Layer) -> bool:
+  """Whether `layer_flops` knows the layer's work: Keras' own layers and layers that
+  count their own; a custom layer's own ops (a matmul on its weights) cannot be seen."""
+  return (type(layer).__module__.startswith(("keras.", "mpt.")) or
+          hasattr(layer, "flops_per_example") or not layer.weights)
 
 
 def _float32_reason(layer: keras.layers.Layer, global_policy: str) -> str | None:
@@ -65,19 +77,23 @@ def _float32_reason(layer: keras.layers.Layer, global_policy: str) -> str | None
   return None
 
 
-def _row(layer: keras.layers.Layer, out, global_policy: str) -> dict[str, Any]:
-  """One layer's row, from its output `out` observed in the forward pass."""
-  flops, dims = layer_flops(layer)
+def _row(call: observe.Call, global_policy: str) -> dict[str, Any]:
+  """One layer's row, from its call observed in the forward pass."""
+  layer, out = call.layer, call.output
+  out_shape = tuple(out.shape) if out is not None else None
+  flops, dims = layer_flops(layer, call.input_shape, out_shape)
   return {
       "name": layer.name,
       "class": type(layer).__name__,
       "policy": layer.dtype_policy.name,
       "compute_dtype": layer.compute_dtype,
       "variable_dtype": layer.variable_dtype,
-      "output_dtype": keras.backend.standardize_dtype(out.dtype),
-      "output_elements": _size(tuple(out.shape)),  # Per example: memory estimates.
+      # None: the layer returned no tensor (a structure of none), nothing to observe.
+      "output_dtype": keras.backend.standardize_dtype(out.dtype) if out is not None
+                      else None,
+      "output_elements": _size(out_shape),  # Per example: memory estimates.
       "params": int(layer.count_params()),
-      "flops": int(flops),
+      "flops": int(flops) * call.calls,
       "dims": f"{dims[0]}->{dims[1]}" if dims else "",
       "aligned8": (dims[0] % 8 == 0 and dims[1] % 8 == 0) if dims else None,
       "float32_reason": _float32_reason(layer, global_policy),
@@ -123,15 +139,22 @@ def _shares(rows: list[dict[str, Any]]) -> dict[str, Any]:
   }
 
 
-def inspect_model(model: keras.Model, batch_size: int = 2, seed: int = 0) -> dict[str, Any]:
-  """The dtype report of `model`, from one forward and one backward pass."""
-  layers = [l for l in model.layers if not isinstance(l, keras.layers.InputLayer)]
-  probe = keras.Model(model.inputs, [l.output for l in layers])
-  shape = (batch_size,) + tuple(model.inputs[0].shape[1:])
+def inspect_model(model: keras.Model, batch_size: int = 2, seed: int = 0,
+                  input_shape: tuple | None = None) -> dict[str, Any]:
+  """The dtype report of `model`, from one forward and one backward pass: a row per
+  layer doing its own work (a custom layer's or nested model's layers, not the
+  container). `input_shape` (one example's): where the model cannot tell it."""
+  shape = tuple(input_shape) if input_shape else observe.input_shape(model)
+  if shape is None:
+    raise UserError(f"model {model.name!r} is not built and has no inputs, so its "
+                    "input shape is unknown: build it first (call it on a batch, or "
+                    "model.build((None, height, width, channels)))")
+  shape = (batch_size,) + tuple(shape[1:] if not input_shape else shape)
   x = tf.random.stateless_uniform(shape, seed=(seed, 0))
-  observed = probe(x, training=False)
+  calls, _ = observe.layer_calls(model, x)
   global_policy = keras.mixed_precision.global_policy().name
-  rows = [_row(layer, out, global_policy) for layer, out in zip(layers, observed)]
+  seen = [c for c in calls if c.leaf and not isinstance(c.layer, keras.layers.InputLayer)]
+  rows = [_row(call, global_policy) for call in seen]
   grad_dtypes = _gradient_dtypes(model, x)
   var_dtypes = sorted({v.dtype for v in model.trainable_variables})
   return {
@@ -141,6 +164,10 @@ def inspect_model(model: keras.Model, batch_size: int = 2, seed: int = 0) -> dic
       "layers": rows,
       "params": int(model.count_params()),
       **_shares(rows),
+      # What one call could not show: layers whose own ops are unseen (their FLOPs
+      # are one per output element) and layers that returned no tensor.
+      "uncounted_layers": [c.layer.name for c in seen if not _counted(c.layer)],
+      "no_tensor_output": [c.layer.name for c in seen if c.output is None],
       "gradient_dtypes": grad_dtypes,
       "variable_dtypes": var_dtypes,
       "gradients_match_variables": grad_dtypes == var_dtypes,
@@ -183,6 +210,7 @@ def format_table(report: dict[str, Any], markdown: bool = False) -> str:
       f"forward FLOPs in 16-bit: {report['flops_share_16bit']:.1%}, in 32-bit: "
       f"{report['flops_share_32bit']:.1%}",
       f"float32 work: {f32}",
+      *_unseen(report),
       f"FLOPs in layers not aligned to multiples of 8: "
       f"{report['misaligned_flops_share']:.1%} "
       f"({', '.join(report['misaligned_layers']) or 'none'})",
@@ -191,6 +219,19 @@ def format_table(report: dict[str, Any], markdown: bool = False) -> str:
       + ("match" if report["gradients_match_variables"] else "MISMATCH"),
   ]
   return "\n".join(lines)
+
+
+def _unseen(report: dict[str, Any]) -> list[str]:
+  """What the model's call could not show, in words (nothing: no lines)."""
+  lines = []
+  if report.get("uncounted_layers"):
+    lines.append("FLOPs not seen in custom layers' own ops (counted as one per output "
+                 "element; a layer may define flops_per_example()): "
+                 + ", ".join(report["uncounted_layers"]))
+  if report.get("no_tensor_output"):
+    lines.append("output dtype not observed (no tensor returned): "
+                 + ", ".join(report["no_tensor_output"]))
+  return lines
 
 
 def one_line(report: dict[str, Any]) -> str:
@@ -206,6 +247,8 @@ def one_line(report: dict[str, Any]) -> str:
              f"{len(f32)} float32 layer(s)" + (
                  f" ({', '.join(l['name'] for l in f32[:3])}"
                  f"{', ...' if len(f32) > 3 else ''})" if f32 else "")]
+  if report.get("uncounted_layers"):
+    parts.append(f"FLOPs of {len(report['uncounted_layers'])} custom layer(s) not seen")
   misaligned = report["misaligned_layers"]
   if misaligned:
     parts.append(f"{report['misaligned_flops_share']:.1%} in layers not aligned to 8 "

@@ -50,6 +50,7 @@ class StepTimer(keras.callbacks.Callback):
     self._first_here = len(self.durations_ms)
     self._t0 = 0.0
     self._wait = 0.0
+    self.pending_wait = 0.0
 
   def state(self) -> dict[str, Any]:
     return {"durations_ms": self.durations_ms, "waits_ms": self.waits_ms,
@@ -68,7 +69,9 @@ class StepTimer(keras.callbacks.Callback):
     return batch
 
   def on_train_batch_begin(self, batch, logs=None):
-    self._wait = 0.0
+    # A loop that fetched the batch before the step began (mpt.track's batches())
+    # left its wait here.
+    self._wait, self.pending_wait = self.pending_wait, 0.0
     self._t0 = time.perf_counter()
 
   def on_train_batch_end(self, batch, logs=None):
@@ -76,9 +79,15 @@ class StepTimer(keras.callbacks.Callback):
     self.waits_ms.append(self._wait * 1e3)
     self.timed.append(self.steps - self._first_here > self.warmup_steps)
 
+  def rewarm(self) -> None:
+    """The next `warmup_steps` steps are warm-up again (a new `fit` of the same run
+    may trace its step again)."""
+    self._first_here = len(self.durations_ms)
+
   def on_epoch_end(self, epoch, logs=None):
     self.epoch_logs = dict(logs or {})
-    self.epochs_done = epoch + 1
+    # Counted, not read off `epoch`: a second `fit` numbers its epochs from 0 again.
+    self.epochs_done += 1
 
   def _steady(self) -> list[int]:
     """Indices of the timed steps; a run shorter than its warm-up keeps all but the
@@ -137,12 +146,15 @@ class ScalarWriter(keras.callbacks.Callback):
     self.opening = opening or Opening()
 
   def on_train_begin(self, logs=None):
-    if self.opening.resumed:
-      return
+    if not self.opening.resumed:
+      self.write_opening(self.opening)
+      self.opening = Opening(resumed=True)  # Once, however many fits follow.
+
+  def write_opening(self, opening: Opening) -> None:
     with self.writer.as_default(step=0):
-      for tag, text in self.opening.texts.items():
+      for tag, text in opening.texts.items():
         tf.summary.text(tag, text)
-      dashboards.write(self.opening.hparams)
+      dashboards.write(opening.hparams)
 
   def on_train_batch_end(self, batch, logs=None):
     step = self.timer.steps

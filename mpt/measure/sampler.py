@@ -120,6 +120,13 @@ class Sampler:
           self._totals[k] = [count + 1, total + v, max(peak, v)]
 
   def start(self) -> "Sampler":
+    """Starts sampling; again after `stop()` (a second `fit` of one run), the figures
+    continuing."""
+    if self._thread.is_alive():
+      return self
+    if self._thread.ident is not None:  # Ran before: a thread starts only once.
+      self._stop.clear()
+      self._thread = threading.Thread(target=self._run, name="mpt-sampler", daemon=True)
     self._process.cpu_percent(None)  # The first reading only sets the baseline.
     psutil.cpu_percent(None)
     self._thread.start()

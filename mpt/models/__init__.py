@@ -85,7 +85,7 @@ def build(name: str, input_shape: tuple[int, int, int], num_classes: int,
   model = builder(input_shape, num_classes, **options)
   if not external.is_external(name):
     return model
-  return external.float32_output(external.checked(name, model),
+  return external.float32_output(external.checked(name, model, input_shape, num_classes),
                                  getattr(builder, "logits", False))
 
 

@@ -89,12 +89,55 @@ def keras_application(app_name: str):
   return build
 
 
-def checked(name: str, model) -> keras.Model:
-  """`model` if it is a Keras model; else UserError saying what the builder returned."""
+def checked(name: str, model, input_shape: tuple, num_classes: int) -> keras.Model:
+  """`model` as a Functional model with one tensor output; UserError saying what the
+  builder returned otherwise. A subclassed model (no `inputs`: Keras 3 has them only on
+  Functional and Sequential models) is called on a symbolic batch of the run's shape,
+  which builds it if it is not built, and wrapped, so that every part of mpt reads it
+  the same way (its layers stay its own, seen inside the wrapper)."""
   if not isinstance(model, keras.Model):
     raise UserError(f"--model={name!r} returned {type(model).__name__}, not a "
                     f"keras.Model; expected {CONTRACT}")
+  if getattr(model, "inputs", None):
+    outputs = model.outputs
+  else:
+    inputs = keras.Input(tuple(input_shape), name="image")
+    try:
+      outputs = model(inputs)
+    except Exception as e:  # The user's call: any error is theirs to see, in one line.
+      what = "an unbuilt" if not model.built else "a"
+      raise UserError(f"--model={name!r} returned {what} subclassed model that cannot "
+                      f"be called on a batch of shape {(None, *input_shape)}: "
+                      f"{type(e).__name__}: {_first_line(e)}") from None
+    model = keras.Model(inputs, outputs, name=model.name) if _one_tensor(outputs) \
+        else model
+  if not _one_tensor(outputs):
+    raise UserError(f"--model={name!r}: the model's output is {_describe(outputs)}, not "
+                    f"one tensor; mpt trains a classifier: one output of {num_classes} "
+                    "class scores")
+  if model.outputs[0].shape[-1] != num_classes:
+    raise UserError(f"--model={name!r}: the model's output has shape "
+                    f"{tuple(model.outputs[0].shape)}, not {num_classes} classes (the "
+                    f"builder gets num_classes={num_classes})")
   return model
+
+
+def _one_tensor(outputs) -> bool:
+  if isinstance(outputs, (list, tuple)) and len(outputs) == 1:
+    outputs = outputs[0]
+  return isinstance(outputs, keras.KerasTensor)
+
+
+def _describe(outputs) -> str:
+  if isinstance(outputs, dict):
+    return f"a dict ({', '.join(map(str, outputs))})"
+  if isinstance(outputs, (list, tuple)):
+    return f"a {type(outputs).__name__} of {len(outputs)}"
+  return type(outputs).__name__
+
+
+def _first_line(e: Exception) -> str:
+  return (str(e).strip().splitlines() or [""])[0][:300]
 
 
 def float32_output(model: keras.Model, logits: bool) -> keras.Model:

@@ -78,6 +78,36 @@ def replaceable(layer: keras.layers.Layer) -> bool:
           and not layer.synchronized and not getattr(layer, "renorm", False))
 
 
+def unswappable(model: keras.Model) -> str | None:
+  """Why `keras.models.clone_model` cannot swap this model's BatchNorm layers (None:
+  it can): it rebuilds only a Functional or Sequential model's own layers from their
+  configs, not the layers inside a subclassed model or a custom layer."""
+  top = {id(l) for l in model.layers}
+  nested = [l for l in all_layers(model)
+            if isinstance(l, keras.layers.BatchNormalization) and id(l) not in top]
+  if nested:
+    return (f"{len(nested)} of its BatchNormalization layers sit inside a subclassed "
+            f"model or custom layer ({nested[0].name}), which keras.models.clone_model "
+            "cannot rebuild")
+  return None
+
+
+def all_layers(model: keras.Model) -> list[keras.layers.Layer]:
+  """Every layer of `model`, nested ones included (through the public `layers` of
+  models and the layers a custom layer keeps as attributes)."""
+  found, seen, todo = [], {id(model)}, list(model.layers)
+  while todo:
+    layer = todo.pop()
+    if id(layer) in seen:
+      continue
+    seen.add(id(layer))
+    found.append(layer)
+    todo += list(getattr(layer, "layers", []) or [])
+    todo += [v for v in vars(layer).values() if isinstance(v, keras.layers.Layer)
+             and v is not layer]
+  return found
+
+
 def with_fused_batchnorm(model: keras.Model) -> tuple[keras.Model, int, int]:
   """(a clone of `model` with its BatchNormalization layers fused, replaced, kept)."""
   counts = {"replaced": 0, "kept": 0}

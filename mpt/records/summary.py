@@ -89,6 +89,9 @@ class RunSummary:
   loss_scale: float | None = None
   skipped_steps: int = 0
   slow_path_warning: str | None = None
+  # What this run could not measure, by what ({"cost": why, "data_wait": why}): a
+  # script's run (mpt.callbacks, mpt.track) says so instead of leaving a gap.
+  not_measured: dict[str, str] = dataclasses.field(default_factory=dict)
   # The measured verdict on the policy here (mpt/machine/fastpath.py): evidence
   # (cost, probe or flags), ratio to float32, the worst op and its kernel, the policy
   # measured fastest, the table's source. None: written before mpt measured it.

@@ -97,7 +97,7 @@ def make(run: Run) -> RunCallbacks:
           flops_per_step=run.flops_per_step, sampler=run.sampler,
           precision_state=lambda: precision.scalars(optimizer, counter.done)),
       opening=instrument.Opening(
-          _texts(run), _hparams(cfg) if cfg.instrument and not cfg.resume else None,
+          _texts(run), hparams(cfg) if cfg.instrument and not cfg.resume else None,
           resumed=run.start_step > 0))
   dynamic = cfg.loss_scale == "dynamic"
   guard = guards.DivergenceGuard(
@@ -137,7 +137,7 @@ def _texts(run: Run) -> dict[str, str]:
   return texts
 
 
-def _hparams(cfg: config.Config) -> dict[str, Any]:
+def hparams(cfg: config.Config) -> dict[str, Any]:
   """The run's hparams, for TensorBoard's HParams dashboard."""
   return {k: getattr(cfg, k) for k in (
       "policy", "loop", "model", "batch_size", "image_size", "jit_compile", "dataset",

@@ -59,7 +59,11 @@ def fetch_through(model: keras.Model, fetch: Callable[[Any], Any]) -> None:
   """
   model.make_train_function()
   keras_step = model.train_function
-  model.train_function = lambda iterator: keras_step(iter([fetch(iterator)]))
+  if getattr(keras_step, "mpt_fetch", None) is fetch:  # A second fit: wrapped already.
+    return
+  timed = lambda iterator: keras_step(iter([fetch(iterator)]))
+  timed.mpt_fetch = fetch
+  model.train_function = timed
 
 
 def step_marker(step: int) -> Any:

@@ -29,6 +29,11 @@ def build_model(cfg: config.Config, n_classes: int, replicas: int = 1) -> keras.
       print(f"mpt: --batchnorm=fused: BatchNorm is synchronized across {replicas} "
             "replicas, which only Keras' layer does; keeping Keras' layer", flush=True)
       return model
+    why = fused_bn.unswappable(model)
+    if why:
+      print(f"mpt: --batchnorm=fused: keeping Keras' BatchNormalization for "
+            f"{model.name}: {why}", flush=True)
+      return model
     model, _, kept = fused_bn.with_fused_batchnorm(model)
     if kept:
       print(f"mpt: --batchnorm=fused: {kept} BatchNormalization layer(s) kept as "

@@ -13,6 +13,7 @@ import keras
 from mpt.machine import fastpath
 from mpt.machine import hardware
 from mpt.machine import kernels
+from mpt.models import fused_bn
 from mpt.records.cost import Cost
 from mpt.records.verdict import PolicyVerdict
 
@@ -29,13 +30,9 @@ def describe(policy: keras.DTypePolicy) -> str:
 
 
 def layer_classes(model: keras.Model) -> list[str]:
-  """The class names of a model's layers, nested models' layers included."""
-  names, todo = [], list(model.layers)
-  while todo:
-    layer = todo.pop()
-    names.append(type(layer).__name__)
-    todo += list(getattr(layer, "layers", []) or [])
-  return names
+  """The class names of a model's layers, those nested in models and custom layers
+  included."""
+  return [type(layer).__name__ for layer in fused_bn.all_layers(model)]
 
 
 def check_speed(policy: str, layer_classes,
@@ -95,9 +92,11 @@ def loss_scale(optimizer: keras.optimizers.Optimizer) -> float | None:
   return None
 
 
-def scalars(optimizer: keras.optimizers.Optimizer, steps_run: int) -> dict[str, float]:
+def scalars(optimizer: keras.optimizers.Optimizer | None, steps_run: int) -> dict[str, float]:
   """The precision/ scalars of TensorBoard: the loss scale (1.0 without loss scaling)
-  and the steps skipped so far."""
+  and the steps skipped so far; none without an optimizer (a loop that gave none)."""
+  if optimizer is None:
+    return {}
   return {"loss_scale": loss_scale(optimizer) or 1.0,
           "skipped_steps": skipped_steps(optimizer, steps_run)}
 

@@ -47,7 +47,7 @@ def _memory(plan: MemoryPlan | None) -> MemoryPlan | None:
 
 def figures(timer: instrument.StepTimer, batch_size: int, flops_per_step: int | None,
             compute_dtype: str,
-            optimizer: keras.optimizers.Optimizer) -> dict[str, Any]:
+            optimizer: keras.optimizers.Optimizer | None) -> dict[str, Any]:
   """The RunSummary fields measured by the step timer and the optimizer, with the FLOP
   rate they give against the machine's peak for `compute_dtype`."""
   stats, logs = timer.stats(), timer.epoch_logs
@@ -62,8 +62,8 @@ def figures(timer: instrument.StepTimer, batch_size: int, flops_per_step: int | 
       train_s=sum(timer.durations_ms) / 1e3,
       train_loss=logs.get("loss"), train_accuracy=logs.get("accuracy"),
       val_loss=logs.get("val_loss"), val_accuracy=logs.get("val_accuracy"),
-      loss_scale=precision.loss_scale(optimizer),
-      skipped_steps=precision.skipped_steps(optimizer, timer.steps),
+      loss_scale=precision.loss_scale(optimizer) if optimizer else None,
+      skipped_steps=precision.skipped_steps(optimizer, timer.steps) if optimizer else 0,
       flops_per_step=flops_per_step, achieved_gflops=achieved,
       peak_gflops=peak, peak_source=peak_source,
       mfu=achieved / peak if achieved and peak else None)

@@ -56,3 +56,46 @@ def test_mode_inspect_runs_without_training(tmp_path):
   assert "compute dtype: bfloat16" in proc.stdout and "conv3" in proc.stdout
   report = json.loads((tmp_path / "i" / "dtypes.json").read_text())
   assert report["input_shape"] == [48, 48, 3] and report["policy"] == "mixed_bfloat16"
+
+
+def test_a_subclassed_twin_reads_like_the_functional_model():
+  """The seed convnet's layers called from a subclassed model's `call` (no `inputs`,
+  no `layer.output`): one observed call must give the Functional model's report, row
+  for row (the Functional model is the oracle). Fails loudly if Keras stops routing
+  layer calls through `keras.layers.Layer.__call__` (mpt/measure/observe.py)."""
+  import keras
+  from mpt.measure import observe
+  precision.set_policy("mixed_bfloat16")
+  functional = models.build("seed_convnet", (32, 32, 3), 10)
+  layers = [l for l in functional.layers if not isinstance(l, keras.layers.InputLayer)]
+
+  class Twin(keras.Model):
+    def __init__(self):
+      super().__init__(name="twin")
+      self.stack = layers
+
+    def call(self, x, training=False):
+      for layer in self.stack:
+        x = layer(x, training=training) if "bn" in layer.name else layer(x)
+      return x
+
+  twin = Twin()
+  assert not hasattr(twin, "inputs") or not twin.inputs
+  assert observe.input_shape(twin) is None  # Unbuilt: nothing tells its shape ...
+  with pytest.raises(Exception, match="input shape is unknown"):
+    inspect.inspect_model(twin)
+  twin(keras.ops.zeros((1, 32, 32, 3)))
+  assert observe.input_shape(twin)[1:] == (32, 32, 3)  # ... until it is built.
+  mine, theirs = inspect.inspect_model(twin), inspect.inspect_model(functional)
+  # The oracle: the Functional graph's own nodes, read without observing any call.
+  probe = keras.Model(functional.inputs, [l.output for l in layers])
+  outputs = probe(keras.ops.zeros((2, 32, 32, 3)))
+  oracle = [(l.name, keras.backend.standardize_dtype(o.dtype),
+             inspect.layer_flops(l, tuple(l.input.shape), tuple(l.output.shape))[0])
+            for l, o in zip(layers, outputs)]
+  for report in (mine, theirs):
+    assert [(r["name"], r["output_dtype"], r["flops"]) for r in report["layers"]] == \
+        oracle
+  for key in ("forward_flops_per_example", "flops_share_16bit", "params",
+              "gradient_dtypes", "misaligned_layers", "float32_layers"):
+    assert mine[key] == theirs[key], key

@@ -1,16 +1,24 @@
-"""mpt in a user's own training script: `mpt.callbacks(run_dir, ...)` around their
-`model.fit` writes the run folder a `python -m mpt.main` run would (summary.json,
-dtypes.json, the same TensorBoard tags) and ends with the diagnosis. Run as the user
-would: a script of their own, in a child process."""
+"""mpt in research code as it is, each shape a user's own script run in a child
+process, its run folder, tags and diagnosis read back:
+
+- `mpt.callbacks` around a Functional model's `fit`;
+- an unbuilt subclassed model with a custom layer (and layers inside a custom layer),
+  two fits with one callback list, a recompile (new optimizer) and an `evaluate`
+  between them;
+- a custom loop through `mpt.track` under mixed_float16 with the Keras 3
+  LossScaleOptimizer recipe (experiments/own_loop.py, as a user would run it);
+- Keras on another backend: one line, from the library; handled by the command line.
+"""
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
-from helpers import read_events
+from helpers import ROOT, USER_SCALE_LAYER, read_events
 from mpt.records import summary as summary_lib
 
 USER_SCRIPT = '''
@@ -31,23 +39,59 @@ model.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
 model.fit(x, y, batch_size=8, epochs=2, validation_data=(x[:16], y[:16]), verbose=0,
           callbacks=mpt.callbacks(RUN_DIR, batch_size=8, warmup_steps=2, log_every=4,
                                    sample_every=0.05))
+
+''' + USER_SCALE_LAYER + '''
+
+
+class Block(keras.layers.Layer):
+  def __init__(self, **kwargs):
+    super().__init__(**kwargs)
+    self.conv = keras.layers.Conv2D(8, 3, activation="relu", name="inner_conv")
+    self.scale = Scale(name="scale")
+
+  def call(self, x):
+    return self.scale(self.conv(x))
+
+
+class Net(keras.Model):
+  def __init__(self):
+    super().__init__(name="sub_net")
+    self.block = Block(name="block")
+    self.pool = keras.layers.GlobalAveragePooling2D()
+    self.head = keras.layers.Dense(4)
+    self.probs = keras.layers.Activation("softmax", dtype="float32")
+
+  def call(self, x, training=False):
+    return self.probs(self.head(self.pool(self.block(x))))
+
+
+sub = Net()  # Unbuilt: fit builds it.
+sub.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
+cbs = mpt.callbacks(SUB_DIR, batch_size=8, warmup_steps=2, log_every=4, sample_every=0.05)
+sub.fit(x, y, batch_size=8, epochs=2, validation_data=(x[:16], y[:16]), verbose=0,
+        callbacks=cbs)
+sub.evaluate(x[:16], y[:16], verbose=0, callbacks=cbs)
+sub.compile(keras.optimizers.Adam(1e-4), "sparse_categorical_crossentropy",
+            metrics=["accuracy"])  # Fine-tune: a new optimizer, iterations from 0.
+sub.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=cbs)
 '''
 
 
 @pytest.fixture(scope="module")
-def user_run(tmp_path_factory):
+def user_runs(tmp_path_factory):
   tmp = tmp_path_factory.mktemp("user")
-  run_dir = tmp / "logs" / "my_run"
+  run_dir, sub_dir = tmp / "logs" / "my_run", tmp / "logs" / "sub_run"
   script = tmp / "train_mine.py"
-  script.write_text(f"RUN_DIR = {str(run_dir)!r}\n" + textwrap.dedent(USER_SCRIPT))
+  script.write_text(f"RUN_DIR = {str(run_dir)!r}\nSUB_DIR = {str(sub_dir)!r}\n"
+                    + textwrap.dedent(USER_SCRIPT))
   proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                         timeout=300, cwd=tmp)
   assert proc.returncode == 0, proc.stderr[-3000:]
-  return run_dir, proc.stdout
+  return run_dir, sub_dir, proc.stdout
 
 
-def test_user_script_gets_a_run_folder(user_run):
-  run_dir, stdout = user_run
+def test_user_script_gets_a_run_folder(user_runs):
+  run_dir, _, stdout = user_runs
   summary = summary_lib.read(run_dir / "summary.json")
   assert (summary.status, summary.model, summary.policy) == \
       ("completed", "my_net", "mixed_bfloat16")
@@ -57,18 +101,127 @@ def test_user_script_gets_a_run_folder(user_run):
   dtypes = json.loads((run_dir / "dtypes.json").read_text())
   assert dtypes["policy"] == "mixed_bfloat16" and dtypes["params"] == 8 * 27 + 8 + 36
   assert "mpt: dtypes:" in stdout and f"tensorboard --logdir {run_dir.parent}" in stdout
+  # The evidence a CLI run records: the batch fetch timed (through Keras' train
+  # function), the kernel verdict before step 1; and what it could not measure.
+  assert summary.data_wait_share is not None and 0 <= summary.data_wait_share < 1
+  assert summary.policy_verdict is not None  # Kernel table given by conftest: a probe.
+  assert summary.policy_verdict.evidence == "probe"
+  assert "cannot be rebuilt under another policy" in summary.not_measured["cost"]
 
 
-def test_user_script_gets_mpts_tags_and_diagnosis(user_run):
-  run_dir, stdout = user_run
+def test_user_script_gets_mpts_tags_and_diagnosis(user_runs):
+  run_dir, _, stdout = user_runs
   events = read_events(run_dir)
   assert [s for s, _ in events["train/loss"]] == [8, 16]  # Per epoch, at the step.
   assert [s for s, _ in events["eval/accuracy"]] == [8, 16]
   assert [s for s, _ in events["perf/step_time_ms"]] == [4, 8, 12, 16]
   assert "precision/loss_scale" in events and "util/process_cpu_percent" in events
   assert {"final/ms_per_step", "final/images_per_sec", "final/val_accuracy"} <= set(events)
-  assert "diagnosis/report" in events
-  assert (run_dir / "diagnosis.md").exists()  # Written by the diagnosis, as for any run.
+  assert "diagnosis/report" in events and "inspect/dtypes" in events
+  from tensorboard.backend.event_processing import event_accumulator
+  acc = event_accumulator.EventAccumulator(str(run_dir))
+  acc.Reload()
+  hparams = acc.PluginTagToContent("hparams")  # The HParams dashboard's session.
+  assert {"_hparams_/experiment", "_hparams_/session_start_info"} <= set(hparams)
+  diagnosis = (run_dir / "diagnosis.md").read_text()  # Written as for any run.
+  assert "not measured (cost)" in diagnosis and "made before mpt" not in diagnosis
+
+
+def test_a_subclassed_model_over_two_fits_is_one_run(user_runs):
+  _, sub_dir, stdout = user_runs
+  summary = summary_lib.read(sub_dir / "summary.json")
+  # 8 steps per epoch: 2 epochs, then 1 more; each fit warms up again (2 steps).
+  assert (summary.status, summary.model, summary.steps) == ("completed", "sub_net", 24)
+  assert summary.epochs_completed == 3 and summary.timed_steps == 24 - 2 - 2
+  assert summary.image_size == 24  # Read off the model once fit had built it.
+  assert summary.skipped_steps == 0  # Not 16: the new optimizer counts from its own 0.
+  events = read_events(sub_dir)
+  assert [s for s, _ in events["train/loss"]] == [8, 16, 24]  # Steps continue.
+  assert [s for s, _ in events["perf/step_time_ms"]] == [4, 8, 12, 16, 20, 24]
+  assert [s for s, _ in events["precision/skipped_steps"]] == [4, 8, 12, 16, 20, 24]
+  assert {v for _, v in events["precision/skipped_steps"]} == {0.0}
+  assert len(events["diagnosis/report"]) == 2  # One per fit, the whole run so far.
+  assert stdout.count(f"mpt: completed: {sub_dir}") == 2
+  assert f"mpt: completed: {sub_dir}, fit 2, 24 steps" in stdout
+  # Every layer doing its own work, inside the custom layer too, and what was not seen.
+  dtypes = json.loads((sub_dir / "dtypes.json").read_text())
+  assert [l["name"] for l in dtypes["layers"]][:2] == ["inner_conv", "scale"]
+  assert dtypes["input_shape"] == [24, 24, 3] and dtypes["uncounted_layers"] == ["scale"]
+  conv = dtypes["layers"][0]
+  assert conv["flops"] == 2 * 22 * 22 * 8 * 27 + 22 * 22 * 8  # By hand, with its ReLU.
+  flags = (sub_dir / "flags.txt").read_text()
+  assert "--model=sub_net" in flags and "--image_size=24" in flags
+
+
+@pytest.fixture(scope="module")
+def own_loop(tmp_path_factory):
+  run_dir = tmp_path_factory.mktemp("loop") / "logs" / "own"
+  proc = subprocess.run(
+      [sys.executable, str(ROOT / "experiments" / "own_loop.py"), f"--run_dir={run_dir}",
+       "--policy=mixed_float16", "--epochs=2", "--image_size=16", "--batch_size=8"],
+      capture_output=True, text=True, timeout=300, cwd=run_dir.parent.parent)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return run_dir, proc.stdout
+
+
+def test_own_loop_with_a_loss_scale_optimizer(own_loop):
+  run_dir, stdout = own_loop
+  summary = summary_lib.read(run_dir / "summary.json")
+  assert (summary.status, summary.loop, summary.model) == ("completed", "custom",
+                                                           "own_net")
+  assert summary.steps == 16 and summary.epochs_completed == 2  # 8 batches x 2.
+  assert summary.timed_steps == 14 and summary.ms_per_step > 0
+  # The LossScaleOptimizer's dynamic scale, read from the optimizer the loop gave.
+  assert summary.loss_scale is not None and summary.loss_scale >= 1
+  assert summary.skipped_steps >= 0 and summary.train_loss is not None
+  assert summary.data_wait_share is not None  # run.batches() timed each fetch.
+  events = read_events(run_dir)
+  assert [s for s, _ in events["perf/step_time_ms"]] == [4, 8, 12, 16]
+  scales = [v for _, v in events["precision/loss_scale"]]
+  assert len(scales) == 4 and scales[-1] == summary.loss_scale
+  assert [s for s, _ in events["train/loss"]] == [8, 16]
+  assert "diagnosis/report" in events and (run_dir / "diagnosis.md").exists()
+  assert "mpt: diagnosis of" in stdout and f"mpt: completed: {run_dir}" in stdout
+
+
+def test_a_loop_that_never_steps_says_so(tmp_path):
+  import keras
+  import mpt
+  from mpt.errors import UserError
+  model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+  run = mpt.track(str(tmp_path / "r"), model, batch_size=2, sample_every=None,
+                  diagnose=False)
+  with pytest.raises(UserError) as e:
+    with run:
+      for _ in range(3):
+        pass  # The step was never wrapped or called.
+  assert "never called the tracked step" in str(e.value) and "\n" not in str(e.value)
+  assert not (tmp_path / "r" / "summary.json").exists()
+
+
+def test_another_keras_backend_is_one_line(tmp_path, monkeypatch):
+  """No other Keras backend is installed here (jax and torch are not mpt's
+  dependencies, and Keras' numpy backend needs jax), so the library's check is shown
+  Keras answering "jax"; the command line is run with KERAS_BACKEND=jax for real."""
+  import keras
+  import mpt
+  from mpt.errors import UserError
+  monkeypatch.setattr(keras.backend, "backend", lambda: "jax")
+  for call in (lambda: mpt.callbacks(str(tmp_path / "a"), batch_size=8),
+               lambda: mpt.track(str(tmp_path / "b"), None, batch_size=8)):
+    with pytest.raises(UserError) as e:
+      call()
+    assert "Keras runs on the 'jax' backend here; mpt measures TensorFlow only: set " \
+        "KERAS_BACKEND=tensorflow before keras is imported" in str(e.value)
+  assert not (tmp_path / "a").exists()
+  # The command line sets it for its own process, and says so (without that, importing
+  # Keras would fail here: jax is not installed).
+  proc = subprocess.run([sys.executable, "-m", "mpt", "--mode=inspect", "--image_size=16",
+                         f"--logdir={tmp_path}/logs"], capture_output=True, text=True,
+                        timeout=180, cwd=tmp_path, env={**os.environ, "KERAS_BACKEND": "jax"})
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert "KERAS_BACKEND=jax ignored: mpt measures TensorFlow" in proc.stdout
+  assert len(list((tmp_path / "logs").glob("*/dtypes.json"))) == 1
 
 
 def test_user_run_folder_is_never_overwritten(tmp_path):

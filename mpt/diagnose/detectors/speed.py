@@ -59,8 +59,8 @@ def no_speedup(ev: Evidence) -> Finding | None:
   elif 1 / speedup >= HIGH_LOSS:
     favoured = favoured_policy(ev)
     if favoured:
-      evidence.append(f"nothing was measured before step 1 (a run made before mpt timed "
-                      f"the step per policy); {favoured[1]}")
+      why = s.not_measured.get("cost", "a run made before mpt timed the step per policy")
+      evidence.append(f"nothing was measured before step 1 ({why}); {favoured[1]}")
       step = (f"{ev.rerun(favoured[0])}: the policy the evidence favours "
               f"({favoured[1]}); " + words.where_time_goes(ev, advice=False))
       based_on.append("flags")

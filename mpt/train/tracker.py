@@ -1,0 +1,114 @@
+"""mpt around a user's own training loop: `mpt.track(...)`.
+
+  import mpt
+  run = mpt.track("logs/my_loop", model, batch_size=32, optimizer=opt)
+  step = run.step(train_step)            # train_step: the user's (tf.function) step
+  with run:                              # opens the run folder; at the end: summary,
+    for epoch in range(3):               # diagnosis
+      for images, labels in run.batches(train_ds):   # times each batch's fetch
+        logs = step(images, labels)      # times the step, logs every N steps
+      run.end_epoch({"loss": ..., "val_accuracy": ...})
+
+The loop gets what a `python -m mpt.main --loop=custom` run has: mpt's step timer (the
+step's result is read back before the clock stops, so the time covers the device's
+work), the same TensorBoard tags, the loss scale and skipped steps of a Keras 3
+`LossScaleOptimizer` (`optimizer`), the run folder (summary.json, dtypes.json,
+flags.txt, runs.csv) and the diagnosis at the end. The same callbacks as
+`mpt.callbacks` drive it (mpt/train/library.py), called the way Keras' `fit` calls
+them. A loop that raises is recorded as `interrupted` up to its last step, and the
+error goes on; a loop that never called the step is a UserError, with nothing written
+beyond the run folder's flags.
+"""
+
+import functools
+import time
+
+import keras
+import numpy as np
+
+from mpt.errors import UserError
+from mpt.train import library
+
+
+def _materialised(logs) -> dict[str, float]:
+  """The step's result as floats (waits for the device's work): a dict of scalars, a
+  single scalar (the loss), or nothing."""
+  if logs is None:
+    return {}
+  if not isinstance(logs, dict):
+    logs = {"loss": logs}
+  found = {}
+  for key, value in logs.items():
+    try:
+      found[key] = float(np.asarray(value))
+    except (TypeError, ValueError):  # A non-scalar: read back, not logged.
+      np.asarray(value)
+  return found
+
+
+class Tracker:
+  """The run of a user's own loop; see the module docstring."""
+
+  def __init__(self, run_dir: str, model: keras.Model, *, batch_size: int,
+               optimizer: keras.optimizers.Optimizer | None = None,
+               input_shape: tuple | None = None, after_run=None, **options):
+    self.model = model
+    opts = library.Options(batch_size, "custom", input_shape, optimizer)
+    cbs = library.callbacks(run_dir, opts, after_run=after_run, **options)
+    self.counter, self.timer, self.folder = cbs[0], cbs[1], cbs[-1]
+    self.callbacks = keras.callbacks.CallbackList(cbs, model=model)
+    self.epoch, self.open, self.last_logs = 0, False, {}
+    self.folder.not_measured["data_wait"] = (
+        "the loop fetched its batches itself (iterate run.batches(dataset) to time them)")
+
+  def __enter__(self) -> "Tracker":
+    self.callbacks.on_train_begin()
+    self.open = True
+    return self
+
+  def step(self, fn):
+    """`fn` (the user's train step) wrapped: each call is one timed, logged step."""
+    @functools.wraps(fn)
+    def tracked(*args, **kwargs):
+      if not self.open:
+        raise UserError("mpt.track: a tracked step was called outside `with run:`; "
+                        "enter the run first (it opens the run folder)")
+      batch = self.counter.done
+      self.callbacks.on_train_batch_begin(batch)
+      out = fn(*args, **kwargs)
+      self.last_logs = _materialised(out)
+      self.callbacks.on_train_batch_end(batch, self.last_logs)
+      return out
+    return tracked
+
+  def batches(self, iterable):
+    """`iterable`'s elements, each fetch timed as the next step's data wait."""
+    self.folder.not_measured.pop("data_wait", None)
+    iterator = iter(iterable)
+    while True:
+      t = time.perf_counter()
+      try:
+        batch = next(iterator)
+      except StopIteration:
+        return
+      self.timer.pending_wait = time.perf_counter() - t
+      yield batch
+
+  def end_epoch(self, logs: dict | None = None) -> None:
+    """An epoch ends: its metrics (`loss`, `accuracy`, `val_loss`, ...; floats or
+    scalars) go to the train/ and eval/ tags and summary.json."""
+    logs = {**self.last_logs, **_materialised(logs)}
+    self.callbacks.on_epoch_end(self.epoch, logs)
+    self.epoch += 1
+
+  def __exit__(self, kind, error, tb) -> None:
+    self.open = False
+    if self.timer.steps == 0:
+      self.folder.close_unused()
+      if kind is None:
+        raise UserError("mpt.track: the loop never called the tracked step (wrap it: "
+                        "step = run.step(train_step), then call step(...)); nothing "
+                        "was measured, no summary.json written")
+      return
+    self.folder.status = "completed" if kind is None else "interrupted"
+    self.callbacks.on_train_end()
