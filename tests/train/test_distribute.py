@@ -165,9 +165,9 @@ def test_a_worker_that_dies_or_hangs_stops_the_cluster_which_then_resumes(
 
   started = []
   request.addfinalizer(lambda: [p.kill() for p in started])
-  chief, worker = cluster(["--strategy=multi_worker", "--collective_timeout=20",
+  chief, worker = cluster(["--strategy=multi_worker", "--collective_timeout=10",
                            f"--logdir={tmp_path}/logs", "--run_name=mw", *flags], fault)
-  ended = chief.wait(timeout=150)  # The bound: 20 s past the last step.
+  ended = chief.wait(timeout=150)  # The bound: 10 s past the last step.
   err = ended.stderr
   run = tmp_path / "logs" / "mw"
   summary = json.loads((run / "summary.json").read_text())
@@ -179,7 +179,7 @@ def test_a_worker_that_dies_or_hangs_stops_the_cluster_which_then_resumes(
   assert "another worker of the cluster stopped answering" in summary["message"]
   assert f"--resume={run}" in summary["message"]
   if fault.startswith("hang"):
-    assert "no answer within --collective_timeout=20 s" in summary["message"]
+    assert "no answer within --collective_timeout=10 s" in summary["message"]
   worker.kill()
   for left in scratch.iterdir():  # What the killed worker could not clean up.
     shutil.rmtree(left) if left.is_dir() else left.unlink()
