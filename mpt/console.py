@@ -1,22 +1,21 @@
 """What mpt prints on the terminal, beside its one-line errors: the quiet defaults of
 TensorFlow's and absl's logging, and progress for the slow phases that would
 otherwise be silent (data generation, the cache fill, microbenchmark sections, sweep
-cells).
+cells); which of TensorFlow's stderr lines reach the user (`StartupFilter`, applied at
+its import and by the supervisor to a training child's stderr).
 
 A phase shows Keras' progress bar on a terminal and two plain lines (start, end with
 its duration) when the output goes to a file or a pipe, where an animated bar would
-leave escape codes. `quiet_fd2()` holds back what native code (TensorFlow's import,
-xprof's converter) writes to file descriptor 2, which Python's sys.stderr never sees.
+leave escape codes.
 Nothing here imports TensorFlow.
 """
 
 import contextlib
 import os
 import re
+import subprocess
 import sys
-import tempfile
 import time
-from typing import Callable
 
 
 def is_tty() -> bool:
@@ -70,44 +69,77 @@ def keras_on_tensorflow() -> str | None:
   return None
 
 
-# A C++ INFO line of absl's format: `I1203 12:00:00.123456 ...` (TF's own start-up lines
+# A C++ log line of absl's format: `I1203 12:00:00.123456 ...` (TF's own start-up lines
 # carry `I0000 00:00:...`: they are written before its log level is read), and absl's
 # notice that this is so, which TF's two native libraries print once each.
+_LOG_LINE = re.compile(rb"^[IWEF]\d{4} ")
 _INFO_LINE = re.compile(rb"^(I\d{4} |WARNING: All log messages before absl::InitializeLog)")
+# CUDA's probe on a host with TF's CUDA libraries and no driver: an `E` line that is no
+# error of the run's; mpt says it once, in its own words.
+_NO_DRIVER = re.compile(rb"cuda_platform\.cc:\d+\] failed call to cuInit")
+NO_GPU = ("mpt: no GPU used: TensorFlow's CUDA libraries are installed, but no NVIDIA "
+          "driver answered (cuInit failed); training runs on the CPU")
 
 
-@contextlib.contextmanager
-def quiet_fd2(keep: Callable[[bytes], bool] = lambda line: False):
-  """While the block runs, what the process writes to file descriptor 2 (C++ logging
-  included) goes to a temporary file; on the way out, an exception's way too, the
-  lines `keep` accepts are passed on to fd 2 (by default none)."""
-  sys.stderr.flush()
-  saved = os.dup(2)
-  with tempfile.TemporaryFile() as sink:
-    os.dup2(sink.fileno(), 2)
-    try:
-      yield
-    finally:
-      os.dup2(saved, 2)
-      os.close(saved)
-      sink.seek(0)
-      kept = [l for l in sink.read().splitlines(keepends=True) if keep(l)]
-      if kept:
-        os.write(2, b"".join(kept))
+class StartupFilter:
+  """Which lines of TensorFlow's stderr to pass on: all but its start-up INFO notices
+  (with their continuation lines: the CPU-feature guard's "To enable the following
+  instructions ...") and the no-driver cuInit line (`no_driver` records that it came)."""
+
+  def __init__(self):
+    self.in_info, self.no_driver = False, False
+
+  def keep(self, line: bytes) -> bool:
+    if _NO_DRIVER.search(line):
+      self.no_driver = True
+      return False
+    if _LOG_LINE.match(line) or line.startswith(b"WARNING: All log messages"):
+      self.in_info = bool(_INFO_LINE.match(line))
+      return not self.in_info
+    return not self.in_info  # A continuation line belongs to the line before.
 
 
-def import_tensorflow() -> None:
-  """Imports TensorFlow with its start-up INFO lines (oneDNN, CUDA stubs) dropped.
+def filter_stream() -> None:
+  """The filter process of `import_tensorflow`: stdin's lines passed on to fd 2 as
+  they come; at the end `no_driver` on stdout if the cuInit line came."""
+  found = StartupFilter()
+  for line in iter(sys.stdin.buffer.readline, b""):
+    if found.keep(line):
+      os.write(2, line)
+  sys.stdout.write("no_driver" if found.no_driver else "")
+
+
+def import_tensorflow(say_no_gpu: bool = True) -> None:
+  """Imports TensorFlow and lets it look for GPUs, its start-up INFO lines (oneDNN,
+  CUDA stubs, CPU features) dropped and the no-driver cuInit line said once as NO_GPU.
 
   TF 2.21 prints them while importing, before TF_CPP_MIN_LOG_LEVEL applies, so the
-  level alone cannot hide them; everything else it writes to stderr meanwhile is
-  passed on. With TF_CPP_MIN_LOG_LEVEL=0 (the user asked for INFO) nothing is dropped.
+  level alone cannot hide them. The lines go through a filter *process* as they are
+  written: everything else is passed on at once, and what TF writes just before an
+  abort (its CPU-feature guard: "compiled to use X instructions, but these aren't
+  available") still reaches the terminal after this process is gone. With
+  TF_CPP_MIN_LOG_LEVEL=0 (the user asked for INFO) nothing is dropped.
   """
   if "tensorflow" in sys.modules or os.environ.get("TF_CPP_MIN_LOG_LEVEL") == "0":
     import tensorflow  # noqa: F401
     return
-  with quiet_fd2(keep=lambda line: not _INFO_LINE.match(line)):
-    import tensorflow  # noqa: F401
+  sys.stderr.flush()
+  filt = subprocess.Popen([sys.executable, "-c",
+                           "import mpt.console as c; c.filter_stream()"],
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+  saved = os.dup(2)
+  os.dup2(filt.stdin.fileno(), 2)
+  try:
+    import tensorflow as tf
+    tf.config.list_physical_devices("GPU")  # CUDA's probe: its cuInit line, here.
+  finally:
+    os.dup2(saved, 2)
+    os.close(saved)
+    filt.stdin.close()
+    said = filt.stdout.read()
+    filt.wait()
+  if b"no_driver" in said and say_no_gpu:  # A mode that would use one says so.
+    print(NO_GPU, flush=True)
 
 
 def quiet_absl(verbosity_given: bool) -> None:

@@ -1,9 +1,39 @@
-"""The one exception type for bad user input.
+"""Bad user input, and the one table of exit statuses.
 
 Anything the user can fix (an unknown policy, a missing data folder, an unwritable logs
 root) raises `UserError`; `mpt.main` turns it into a single `mpt: error: ...` line on
-stderr and exit status 2. Everything else is a bug and keeps its traceback.
+stderr and exit status 2, as it does absl's own flag errors. Everything else is a bug
+and keeps its traceback (exit status 1).
+
+`EXIT` is every status mpt's command line ends with (docs/usage.md prints it, and
+tests/test_exits.py makes each happen): a scheduler or CI job can branch on it.
 """
+
+import signal
+
+# The signals that stop a training run (or a sweep) at a step boundary, with a
+# checkpoint: Ctrl-C, a polite kill, an SSH session closing, SLURM's `--signal`
+# warning (Lightning's requeue signal).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
+
+EXIT = {
+    "completed": 0,       # A sweep: every cell completed.
+    "bug": 1,             # A Python traceback: a bug in mpt (or in a user's model code).
+    "usage": 2,           # Bad input: one `mpt: error:` line; absl's flag errors too.
+    "diverged": 3,        # The loss scale collapsed or the loss went non-finite.
+    "oom": 4,             # Out of memory: the kernel's OOM counters rose, or the error
+                          # said so (ResourceExhausted, bad_alloc).
+    "crashed": 5,         # Died of a signal memory does not explain (SIGSEGV, SIGABRT,
+                          # SIGBUS with no OOM count): the child's last error lines shown.
+    "cells_failed": 6,    # A sweep that ran to its end with cells not completed.
+    "killed": 128 + signal.SIGKILL,  # 137: SIGKILL from outside (not the OOM killer).
+}
+
+
+def stopped_by(signal_name: str | None) -> int:
+  """128 + the signal that stopped the run at a step boundary (as a shell reports a
+  command a signal ended): 130 SIGINT, 143 SIGTERM, 129 SIGHUP, 138 SIGUSR1."""
+  return 128 + int(signal.Signals[signal_name or "SIGINT"])
 
 
 class UserError(Exception):

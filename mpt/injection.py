@@ -1,7 +1,7 @@
 """Fault injection for sweeps: `MPT_INJECT_FAULT=KIND:N[/POLICY],...` ends each run of
 batch size N (under POLICY only, if given) the way a sweep cell can end badly, right
 before its first step, so that the sweep's handling of every ending can be tested and
-shown: `oom`, `kill`, `fail`. Like `--fault_factor` for one run (mpt/train/guards.py), it is
+shown: `oom`, `kill`, `fail`, `segv`. Like `--fault_factor` for one run (mpt/train/guards.py), it is
 documented in docs/usage.md; unset, it costs nothing.
 
 And kills at a chosen moment of a run, for resume to be tested where random kills
@@ -29,9 +29,9 @@ def injected_faults() -> list[tuple[str, int, str]]:
   for spec in filter(None, os.environ.get("MPT_INJECT_FAULT", "").split(",")):
     kind, _, target = spec.partition(":")
     batch, _, policy = target.partition("/")
-    if kind not in ("oom", "kill", "fail") or not batch.isdigit():
+    if kind not in ("oom", "kill", "fail", "segv") or not batch.isdigit():
       raise UserError(f"MPT_INJECT_FAULT: {spec!r} is not KIND:N[/POLICY] with KIND "
-                      "oom, kill or fail")
+                      "oom, kill, fail or segv")
     faults.append((kind, int(batch), policy))
   return faults
 
@@ -68,7 +68,8 @@ def inject_run_fault(batch_size: int, policy: str) -> None:
   before its first step: `oom` raises TensorFlow's ResourceExhaustedError (as when an
   allocation fails), `kill` sends SIGKILL to itself as the kernel's OOM killer does
   (counting the kill in the stand-in counters `MPT_OOM_KILLS` names, if any, as the
-  kernel counts its own: mpt/supervisor.py), `fail` raises an exception (as a bug). No
+  kernel counts its own: mpt/supervisor.py), `fail` raises an exception (as a bug),
+  `segv` dies of SIGSEGV with a line on stderr (a crash in native code, no OOM). No
   memory is exhausted: a real OOM cannot be forced portably, and a sweep's handling of
   each ending must still be testable."""
   for kind, batch, only in injected_faults():
@@ -80,6 +81,10 @@ def inject_run_fault(batch_size: int, policy: str) -> None:
       supervisor.count_stand_in_oom_kill()
       sys.stdout.flush()
       os.kill(os.getpid(), signal.SIGKILL)
+    if kind == "segv":
+      os.write(2, f"native crash (injected: MPT_INJECT_FAULT={spec})\n".encode())
+      signal.signal(signal.SIGSEGV, signal.SIG_DFL)  # No faulthandler dump.
+      os.kill(os.getpid(), signal.SIGSEGV)
     if kind == "oom":
       import tensorflow as tf
       raise tf.errors.ResourceExhaustedError(

@@ -8,11 +8,12 @@ Every flag is a field of one options dataclass: `mpt.config.Config` (one trainin
 run), `SweepOptions`, `MicrobenchOptions`, `DiagnoseOptions` or `CompareOptions` (the
 wings' own), plus `--mode`. The wings are imported only when their mode runs, so
 `--help` and flag errors answer without importing TensorFlow. After `train` and
-`sweep`, the diagnosis runs on the folder they wrote. Bad input ends in one `mpt: error:
-...` line and exit status 2; Ctrl-C in exit status 130 with the run's summary.json
-written (status `interrupted`), a diverged run in exit status 3, a run out of memory in
-exit status 4 (status `oom`; a death by signal is recorded by the watching parent,
-mpt/supervisor.py).
+`sweep`, the diagnosis runs on the folder they wrote. Bad input (absl's flag errors
+too) ends in one `mpt: error: ...` line and exit status 2; every other ending has its
+status in mpt/errors.py's one table (`exit_status`): a stop signal 128 + its number with
+the run's summary.json written (status `interrupted`), diverged 3, out of memory 4, a
+crash 5 (a death by signal is named by the watching parent, mpt/supervisor.py), a sweep
+with cells not completed 6.
 """
 
 import sys
@@ -28,6 +29,7 @@ _BACKEND_NOTE = console.keras_on_tensorflow()  # Before any wing imports Keras.
 from mpt import config  # noqa: E402
 from mpt.compare.options import CompareOptions  # noqa: E402
 from mpt.diagnose.options import DiagnoseOptions  # noqa: E402
+from mpt import errors  # noqa: E402
 from mpt.errors import UserError  # noqa: E402
 from mpt.microbench.options import MicrobenchOptions  # noqa: E402
 from mpt.sweep.options import SweepOptions  # noqa: E402
@@ -62,6 +64,8 @@ def _sweep(cfg, opts):
 
 
 def _diagnose(cfg, opts):
+  # Its start-up lines filtered, as in every mode using it; no GPU line: it reads files.
+  console.import_tensorflow(say_no_gpu=False)
   from mpt.diagnose import diagnosis
   return diagnosis.run(opts[DiagnoseOptions])
 
@@ -77,8 +81,6 @@ MODES = {"train": _train, "inspect": _inspect, "microbench": _microbench,
          "sweep": _sweep, "diagnose": _diagnose, "compare": _compare}
 OPTIONS = (config.Config, SweepOptions, MicrobenchOptions, DiagnoseOptions,
            CompareOptions)
-EXIT_CODES = {"completed": 0, "interrupted": 130, "diverged": 3,
-              "oom": supervisor.OOM_EXIT}
 # With --resume a run continues with the flags it was started with; only these may be
 # given along with it.
 RESUME_FLAGS = {"resume", "verbose", "flagfile"}
@@ -186,8 +188,18 @@ def main(argv: list[str], supervise: bool = False) -> int:
     return 2
   except KeyboardInterrupt:  # Before the run folder existed: nothing to save.
     print("mpt: interrupted", file=sys.stderr)
-    return 130
-  return EXIT_CODES[summary["status"]]
+    return errors.stopped_by("SIGINT")
+  return exit_status(summary)
+
+
+def exit_status(result: dict) -> int:
+  """The exit status of a mode's result (errors.EXIT, one table for every mode)."""
+  status = result["status"]
+  if status == "interrupted":
+    return errors.stopped_by(result.get("stop_signal"))
+  if status == "completed" and result.get("cells_not_completed"):
+    return errors.EXIT["cells_failed"]
+  return errors.EXIT[status]
 
 
 def run() -> None:
@@ -195,7 +207,17 @@ def run() -> None:
   if any(a in HELP_FLAGS for a in sys.argv[1:]):
     print(short_help())
     sys.exit(0)
-  app.run(lambda argv: main(argv, supervise=True))
+  app.run(lambda argv: main(argv, supervise=True), flags_parser=_parse_flags)
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+  """absl's parsing, with a bad flag ending as any bad input does: one `mpt: error:`
+  line and exit status 2 (absl's own exits 1, which a script reads as a bug)."""
+  try:
+    return FLAGS(argv)
+  except flags.Error as e:
+    print(f"mpt: error: {e} (python -m mpt --help lists the flags)", file=sys.stderr)
+    sys.exit(errors.EXIT["usage"])
 
 
 if __name__ == "__main__":

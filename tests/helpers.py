@@ -236,11 +236,11 @@ class Children:
 
 
 def start_and_wait_for_an_epoch(children: Children, tmp_path, *flags: str,
-                                timeout: float = 120) -> subprocess.Popen:
+                                timeout: float = 120, preexec_fn=None) -> subprocess.Popen:
   """Starts a long tiny run named `r`; returns once its first epoch is in the events."""
   proc = children.start(
       tiny_cli(tmp_path, "--epochs=1000", "--steps_per_epoch=2", "--run_name=r", *flags),
-      stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=preexec_fn)
   run = tmp_path / "logs" / "r"
   seen = wait_for(lambda: run.exists() and "train/loss" in read_events(run), timeout)
   assert seen, f"no epoch in {timeout} s (exit status {proc.poll()})"

@@ -59,27 +59,43 @@ def test_an_oom_kill_is_a_counter_that_rose(before, after, killed):
   assert supervisor.oom_killed(before, after) is killed
 
 
-@pytest.mark.parametrize("sig,counted,status,code,words", [
-    (signal.SIGKILL, False, "interrupted", 137,
+ISA_LINE = ("F0000 00:00:1.0  1 cpu_feature_guard.cc:94] The TensorFlow library was "
+            "compiled to use AVX512F instructions, but these aren't available on your "
+            "machine.")
+
+
+@pytest.mark.parametrize("sig,counted,last,status,code,words", [
+    (signal.SIGKILL, False, [], "interrupted", 137,
      "killed (SIGKILL) from outside mpt, not by the kernel's OOM killer"),
-    (signal.SIGKILL, True, "oom", 4,
-     "died of SIGKILL: the kernel counted an OOM kill while it ran"),
-    (signal.SIGKILL, None, "oom", 4, "died of SIGKILL, most likely out of memory"),
-    (signal.SIGSEGV, False, "oom", 4, "died of SIGSEGV, most likely out of memory"),
-    (signal.SIGHUP, None, "failed", 1, "died of SIGHUP"),
+    (signal.SIGKILL, True, [], "oom", 4,
+     "died of SIGKILL while training: the kernel counted an OOM kill while it ran"),
+    (signal.SIGKILL, None, [], "oom", 4,
+     "most likely out of memory (no OOM-kill counter readable)"),
+    (signal.SIGSEGV, False, ["some native error"], "failed", 5,
+     "died of SIGSEGV while training (no OOM kill counted: not memory"),
+    (signal.SIGABRT, False, ["terminate called after throwing an instance of "
+                             "'std::bad_alloc'"], "oom", 4,
+     "died of SIGABRT while training: out of memory, as its last error line says"),
+    (signal.SIGABRT, None, [ISA_LINE], "failed", 5,
+     "this TensorFlow was built for AVX512F instructions, which this CPU lacks"),
+    (signal.SIGBUS, None, [], "failed", 5, "died of SIGBUS while training (no OOM-kill "
+     "counter readable: not memory"),
 ])
-def test_a_death_by_signal_is_recorded_as_the_counters_say(tmp_path, capsys, sig, counted,
-                                                          status, code, words):
+def test_a_death_by_signal_is_named_by_its_evidence(tmp_path, capsys, sig, counted, last,
+                                                    status, code, words):
   run_dir = tmp_path / "logs" / "r"
   run_dir.mkdir(parents=True)
   summary_lib.RunSummary(run_dir=str(run_dir), status="running").write(
       run_dir / "summary.json")
-  assert supervisor._died(sig, run_dir, counted) == code
+  assert supervisor._died(supervisor.Death(sig, counted, last), run_dir) == code
   on_disk = json.loads((run_dir / "summary.json").read_text())
   assert on_disk["status"] == status and words in on_disk["message"]
   assert (f"--resume={run_dir}" in on_disk["message"]) == (status == "interrupted")
-  last = capsys.readouterr().err.strip().splitlines()[-1]
-  assert last.startswith(f"mpt: {status}: ") and words in last
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err[-1].startswith(f"mpt: {status}: ") and words in err[-1]
+  if last and status != "interrupted":  # The child's own last words, shown above.
+    assert err[-3:-1] == ["mpt: the training process' last error lines:",
+                          f"  {last[-1]}"]
   rows = (tmp_path / "logs" / "runs.csv").read_text().splitlines()
   assert len(rows) == 2 and f",{status}," in rows[1]
 
@@ -90,6 +106,6 @@ def test_a_finished_run_keeps_its_status(tmp_path, capsys):
   run_dir.mkdir()
   summary_lib.RunSummary(run_dir=str(run_dir), status="completed").write(
       run_dir / "summary.json")
-  supervisor._died(signal.SIGKILL, run_dir, False)
+  supervisor._died(supervisor.Death(signal.SIGKILL, False, []), run_dir)
   assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
   assert not (tmp_path / "runs.csv").exists()

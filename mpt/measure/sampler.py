@@ -20,6 +20,7 @@ from absl import logging
 import psutil
 import tensorflow as tf
 
+from mpt.machine import hardware
 from mpt.records import typed
 from mpt.records.machine import Utilisation
 
@@ -75,6 +76,7 @@ class Sampler:
     this process uses, as CUDA_VISIBLE_DEVICES lists them (None: all)."""
     self.period_s = period_s
     self._process = psutil.Process()
+    self._cpus = hardware.affinity()
     if visible is FROM_ENV:
       visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     self._nvml, self._handles, self.gpu_absent = _open_nvml(nvml, visible)
@@ -92,8 +94,11 @@ class Sampler:
 
   def sample(self) -> dict[str, float]:
     """One reading of every available figure."""
+    per_cpu = psutil.cpu_percent(None, percpu=True)
+    mine = [per_cpu[i] for i in self._cpus if i < len(per_cpu)] or per_cpu
     s = {"process_cpu_percent": self._process.cpu_percent(None),
-         "system_cpu_percent": psutil.cpu_percent(None),
+         # Over the CPUs this process may use (a cpuset), not the host's.
+         "system_cpu_percent": statistics.fmean(mine),
          "rss_mb": self._process.memory_info().rss / 2**20}
     if self._nvml:
       util = [self._nvml.nvmlDeviceGetUtilizationRates(h).gpu for h in self._handles]
@@ -128,7 +133,7 @@ class Sampler:
       self._stop.clear()
       self._thread = threading.Thread(target=self._run, name="mpt-sampler", daemon=True)
     self._process.cpu_percent(None)  # The first reading only sets the baseline.
-    psutil.cpu_percent(None)
+    psutil.cpu_percent(None, percpu=True)
     self._thread.start()
     return self
 

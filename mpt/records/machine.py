@@ -24,6 +24,11 @@ class Hardware:
   gpus: list[Gpu] = dataclasses.field(default_factory=list)
   # TF32 matters only on compute capability >= 8.0; the switch is global.
   tf32: bool = False
+  # The host's logical cores, the CPUs in the process' affinity mask, the cgroup's
+  # CPU quota in cores (None: none). `cpu_count` is what the run could use of them.
+  host_cpu_count: int | None = None
+  affinity_cpus: int | None = None
+  cpu_quota: float | None = None
 
   @property
   def gpu_caps(self) -> list[tuple[int, int]]:
@@ -42,7 +47,7 @@ class Stat:
 class Utilisation:
   """The sampler's figures over the whole run; None where it had no reading."""
   process_cpu_percent: Stat | None = None  # Of one core: 200 is two cores busy.
-  system_cpu_percent: Stat | None = None   # Of the whole machine.
+  system_cpu_percent: Stat | None = None   # Of the CPUs the process may run on.
   rss_mb: Stat | None = None
   gpu_percent: Stat | None = None          # NVML, mean over the GPUs.
   gpu_memory_mb: Stat | None = None
@@ -64,4 +69,6 @@ class Utilisation:
     system, mine = self.system_cpu_percent, self.process_cpu_percent
     if not system or not mine or not hw or not hw.cpu_count:
       return None
-    return max(0.0, system.mean / 100 - mine.mean / (100 * hw.cpu_count))
+    # The sampler reads the system's use over the CPUs of the affinity mask.
+    return max(0.0, system.mean / 100 - mine.mean / (100 * (hw.affinity_cpus or
+                                                             hw.cpu_count)))

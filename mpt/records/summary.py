@@ -43,6 +43,7 @@ class RunSummary:
   status: str = "failed"
   run_dir: str | None = None
   message: str | None = None  # Interrupted or diverged: what happened, what to do.
+  stop_signal: str | None = None  # Interrupted by a signal: which (SIGTERM, SIGHUP, ...).
   # What ran.
   policy: str | None = None
   loop: str | None = None

@@ -40,13 +40,13 @@ from mpt import console
 from mpt import flagvalues
 from mpt import supervisor
 from mpt import injection
-from mpt.errors import UserError
+from mpt.errors import EXIT, STOP_SIGNALS, UserError
 from mpt.machine import hardware
 from mpt.records import cells as cells_lib
-from mpt.records import summary as summary_lib
 from mpt.records.cells import Cell
 from mpt.records.memory import MemoryPlan
 from mpt.records.rundir import AfterRun
+from mpt.sweep import memoryplans
 from mpt.sweep import report as sweep_report
 from mpt.sweep.options import SweepOptions
 
@@ -158,10 +158,11 @@ def run_cell(cfg: config.Config, cell: Cell, out: pathlib.Path,
     os.killpg(proc.pid, signal.SIGKILL)
     proc.communicate()
     return ended("timeout", f"killed after {timeout:g} s")
-  except KeyboardInterrupt:  # Stop the child the way Ctrl-C stops a run.
-    os.killpg(proc.pid, signal.SIGINT)
+  except KeyboardInterrupt as e:  # Stop the child the way the signal stops a run.
+    signum = getattr(e, "signum", signal.SIGINT)
+    os.killpg(proc.pid, signum)
     proc.communicate()
-    return ended("interrupted", "Ctrl-C")
+    return ended("interrupted", signal.Signals(signum).name)
   if proc.returncode == -signal.SIGKILL:  # Not by us; the OOM killer if it counted one.
     if supervisor.oom_killed(before, supervisor.oom_kills()) is False:
       return ended("failed", "killed (SIGKILL) from outside, not by the OOM killer")
@@ -176,33 +177,16 @@ def run_cell(cfg: config.Config, cell: Cell, out: pathlib.Path,
   return ended("ok", **cells_lib.figures_from_summary(run_dir / "summary.json"))
 
 
-def predicted_oom(plans: dict[tuple, MemoryPlan], cell: Cell) -> str | None:
-  """Why `cell` will not fit, from the memory estimate a finished cell of the same
-  model and image size recorded (summary.json's `memory`: each policy's fixed and
-  per-example megabytes, and what was available); None if it fits or is unknown."""
-  plan = plans.get((cell.model, cell.image_size))
-  line = plan.policies.get(cell.policy) if plan else None
-  if not line:
-    return None
-  from mpt.measure import memory  # psutil only: no TensorFlow here.
-  available, where = memory.available_mb()
-  if memory.fits(line, cell.batch_size, available):
-    return None
-  largest = memory.largest_batch(line, available + line.baseline_mb)
-  return (f"needs ~{memory.human(line.total_mb(cell.batch_size))}, "
-          f"{memory.human(available)} {where}; largest batch that fits ~{largest}")
+class _Stopped(KeyboardInterrupt):
+  """A stop signal (errors.STOP_SIGNALS) reached the sweep: `signum` names it."""
 
-
-def _learn_plan(plans: dict[tuple, MemoryPlan], cell: Cell) -> None:
-  path = pathlib.Path(cell.run_dir or "") / "summary.json"
-  if cell.status == "ok" and path.exists():
-    mem = summary_lib.read(path).memory
-    if mem and mem.policies:
-      plans[(cell.model, cell.image_size)] = mem
+  def __init__(self, signum: int):
+    super().__init__(signal.Signals(signum).name)
+    self.signum = signum
 
 
 def _stop(signum, frame):
-  raise KeyboardInterrupt
+  raise _Stopped(signum)
 
 
 def _check(cfg: config.Config, opts: SweepOptions) -> None:
@@ -216,15 +200,15 @@ def _check(cfg: config.Config, opts: SweepOptions) -> None:
 
 
 def _run_cells(cfg: config.Config, opts: SweepOptions, todo: list[Cell],
-               done: dict[str, Cell], out: pathlib.Path) -> tuple[list[Cell], str]:
+               done: dict[str, Cell], out: pathlib.Path) -> tuple[list[Cell], str | None]:
   """Runs the cells not `done`, in table order, appending each to sweep.csv as it
-  ends; (every cell, "completed" or "interrupted")."""
+  ends; (every cell, the name of the signal that stopped the sweep or None)."""
   csv_path, env = out / "sweep.csv", hardware.environment()
-  results, status = [], "completed"
-  # Ctrl-C and SIGTERM stop the sweep (and the running cell) even when SIGINT was
+  results, stopped = [], None
+  # A stop signal stops the sweep (and the running cell) even when SIGINT was
   # inherited as ignored, as it is for a job started with `&` from a script or CI
   # runner: Python then installs no KeyboardInterrupt handler of its own.
-  previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+  previous = {sig: signal.signal(sig, _stop) for sig in STOP_SIGNALS}
   # Cells run smallest batch first within a model and size (the axes' order), and
   # each finished one tells the memory of the rest: a cell that will not fit is
   # recorded without being started (its own preflight refuses the first one).
@@ -236,14 +220,14 @@ def _run_cells(cfg: config.Config, opts: SweepOptions, todo: list[Cell],
         results.append(done[cell.id])
         continue
       print(f"mpt: cell {i}/{len(todo)} {cell.id} ...", end=" ", flush=True)
-      why = None if cfg.force else predicted_oom(plans, cell)
+      why = None if cfg.force else memoryplans.predicted_oom(plans, cell)
       if why:  # Not started: it would not fit (--force runs it).
         cell = dataclasses.replace(cell, status="OOM (predicted)", error=why, **env)
         print(f"OOM (predicted): {why}", flush=True)
       else:
         cell = dataclasses.replace(
             run_cell(cfg, cell, out, opts.cell_timeout or None), **env)
-        _learn_plan(plans, cell)
+        memoryplans.learn(plans, cell)
         ran += 1
         left = console.eta(ran, to_run, time.perf_counter() - started)
         print((f"{cell.ms:.1f} ms/step" if cell.ms else cell.status) +
@@ -251,15 +235,15 @@ def _run_cells(cfg: config.Config, opts: SweepOptions, todo: list[Cell],
       cells_lib.append_csv(csv_path, cell)
       results.append(cell)
       if cell.status == "interrupted":
-        raise KeyboardInterrupt
-  except KeyboardInterrupt:  # During a cell (stopped above) or between cells.
-    status = "interrupted"
+        raise _Stopped(signal.Signals[cell.error].value)
+  except KeyboardInterrupt as e:  # During a cell (stopped above) or between cells.
+    stopped = signal.Signals(getattr(e, "signum", signal.SIGINT)).name
     print("\nmpt: sweep interrupted; the table holds the cells so far (the same "
           "command resumes)", flush=True)
   finally:
     for sig, handler in previous.items():
       signal.signal(sig, handler)
-  return results, status
+  return results, stopped
 
 
 def _write_report(out: pathlib.Path, results: list[Cell], status: str,
@@ -291,6 +275,13 @@ def run(cfg: config.Config, opts: SweepOptions,
                                 if c.status in FINISHED}
   print(f"mpt: sweep of {len(todo)} cells in {out} ({len(done)} already finished)",
         flush=True)
-  results, status = _run_cells(cfg, opts, todo, done, out)
+  results, stopped = _run_cells(cfg, opts, todo, done, out)
+  status = "interrupted" if stopped else "completed"
   _write_report(out, results, status, after_run)
-  return {"status": status, "run_dir": str(out), "cells": len(results)}
+  failed = [c for c in results if c.status not in FINISHED]
+  if failed and not stopped:
+    print(f"mpt: {len(failed)} of {len(results)} cells did not complete "
+          f"({', '.join(sorted({c.status for c in failed}))}): exit status "
+          f"{EXIT['cells_failed']}", file=sys.stderr, flush=True)
+  return {"status": status, "run_dir": str(out), "cells": len(results),
+          "stop_signal": stopped, "cells_not_completed": len(failed)}

@@ -108,6 +108,10 @@ class Checkpointer:
                     f"({', '.join(pathlib.Path(p).name for p in candidates)})")
 
 
+class FolderGone(Exception):
+  """The run folder was removed under a running run: nothing more can be recorded."""
+
+
 class CheckpointCallback(keras.callbacks.Callback):
   """Saves every `every` global steps and at each epoch end, for both loops;
   `steps()` is the global steps completed (the run's one step counter), `flush()`
@@ -135,7 +139,14 @@ class CheckpointCallback(keras.callbacks.Callback):
       return None
     if self.flush:
       self.flush()
-    return self.ckpt.save(step, step // self.steps_per_epoch, self.state_fn())
+    try:
+      return self.ckpt.save(step, step // self.steps_per_epoch, self.state_fn())
+    except (tf.errors.NotFoundError, OSError):
+      run_dir = self.ckpt.read_dir.parent
+      if self.ckpt.dir == self.ckpt.read_dir and not (run_dir / "flags.txt").exists():
+        raise FolderGone(f"the run folder {run_dir} was removed while the run ran") \
+            from None
+      raise
 
   def on_train_batch_end(self, batch, logs=None):
     if self.every and self.step % self.every == 0:

@@ -23,6 +23,7 @@ import keras
 import tensorflow as tf
 
 from mpt import injection
+from mpt.errors import STOP_SIGNALS, stopped_by
 
 
 class Diverged(Exception):
@@ -61,7 +62,8 @@ class DivergenceGuard(keras.callbacks.Callback):
 
 
 class SignalStop(keras.callbacks.Callback):
-  """Defers SIGINT/SIGTERM to the end of the running step, or, when that step ends an
+  """Defers SIGINT, SIGTERM, SIGHUP and SIGUSR1 (errors.STOP_SIGNALS) to the end of
+  the running step, or, when that step ends an
   epoch, to the epoch's end: after its evaluation and its checkpoint (callbacks.py
   puts this callback after the checkpoint's), which a stop before the evaluation
   could not keep (mpt/train/checkpoint.py). `steps()` is the global steps completed."""
@@ -74,7 +76,7 @@ class SignalStop(keras.callbacks.Callback):
     self._previous = {}
 
   def install(self) -> "SignalStop":
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in STOP_SIGNALS:
       self._previous[sig] = signal.signal(sig, self._handle)
     return self
 
@@ -88,7 +90,7 @@ class SignalStop(keras.callbacks.Callback):
       if not self._announced:  # It arrived before the first handler had written.
         os.write(2, self._announcement(self.signal))
       os.write(2, b"\nmpt: second signal, exiting now\n")
-      os._exit(130)
+      os._exit(stopped_by(signal.Signals(signum).name))
     self.signal = signum
     os.write(2, self._announcement(signum))
     self._announced = True

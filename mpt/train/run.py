@@ -13,15 +13,19 @@ chief alone, under multi_worker), and the run's line in `<logdir>/runs.csv`
 (mpt/records/runs.py).
 
 However the loop ends, events are flushed and summary.json is written, with status
-`completed`; `interrupted` (Ctrl-C or SIGTERM: a checkpoint is saved first, exit 130);
+`completed`; `interrupted` (a stop signal, SIGINT, SIGTERM, SIGHUP or SIGUSR1: a
+checkpoint is saved first, exit 128 + the signal);
 `diverged` (NaN/Inf loss or a collapsed loss scale: the last good checkpoint is left
 as it was, exit 3); or `failed` (a bug: the traceback follows). `_ending` maps each
 way out to its status and message, `finish` writes them. Then `after_run` (the
 diagnosis, passed in by mpt/main.py) reads the folder; its Markdown goes into the
-run's TensorBoard text.
+run's TensorBoard text. A run whose folder was removed while it ran (its flags.txt is
+gone) says so and writes nothing more at its end: no checkpoint, summary.json or
+diagnosis.
 """
 
 import shutil
+import signal
 import sys
 from typing import Any
 
@@ -34,6 +38,7 @@ from mpt.records import runs as runs_lib
 from mpt.records.rundir import AfterRun
 from mpt.records.summary import RunSummary
 from mpt.train import callbacks as callbacks_lib
+from mpt.train import checkpoint
 from mpt.train import guards
 from mpt.train import loops
 from mpt.train import record
@@ -81,7 +86,12 @@ def _ending(e: BaseException, run: Run, cbs: RunCallbacks) -> tuple[str, str | N
   SIGTERM, its checkpoint saved here first; or a worker of the cluster lost),
   `diverged`, `oom`, or `failed` (the caller raises `e` on)."""
   cfg, ckpt, done = run.cfg, run.ckpt, cbs.counter.done
-  if isinstance(e, (KeyboardInterrupt, guards.Interrupted)):
+  if isinstance(e, (KeyboardInterrupt, guards.Interrupted, checkpoint.FolderGone)):
+    if _folder_gone(run):
+      return "interrupted", (f"mpt: interrupted at step {done}; the run folder "
+                             f"{run.run_dir} was removed while the run ran: no "
+                             "checkpoint saved at the stop, no summary.json or diagnosis "
+                             "written")
     saved = cbs.checkpoints.save() or ckpt.latest
     return "interrupted", (
         f"mpt: interrupted at step {done}; checkpoint {saved}" if cfg.checkpoint
@@ -120,6 +130,12 @@ def _lost_worker(e: tf.errors.OpError, run: Run, done: int) -> str:
           f"{': ' + str(run.ckpt.latest) if dist.is_chief else ''})")
 
 
+def _folder_gone(run: Run) -> bool:
+  """Whether the chief's run folder was removed while the run ran (TF's checkpoint
+  writer may have made the folder again, but not its flags.txt)."""
+  return run.dist.is_chief and not (run.run_dir / "flags.txt").exists()
+
+
 def finish(run: Run, cbs: RunCallbacks, status: str, message: str | None,
            after_run: AfterRun | None = None) -> RunSummary:
   """However the run ended: stops what runs beside the loop, writes summary.json and
@@ -131,6 +147,13 @@ def finish(run: Run, cbs: RunCallbacks, status: str, message: str | None,
   if run.sampler:
     run.sampler.stop()
   summary = record.build(run, cbs.timer, status, message)
+  if status == "interrupted" and cbs.stop.signal is not None:
+    summary.stop_signal = signal.Signals(cbs.stop.signal).name
+  if _folder_gone(run):  # Nothing to write into; say why once.
+    print(message or f"mpt: {status}; the run folder {run.run_dir} was removed while "
+          "the run ran: no summary.json or diagnosis written", file=sys.stderr, flush=True)
+    cbs.writer.close()
+    return summary
   cbs.writer.write_final(summary.to_dict())
   summary.write(run.out_dir / "summary.json")
   chief = run.dist.is_chief

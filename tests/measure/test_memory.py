@@ -170,7 +170,7 @@ def test_the_estimate_is_within_30_percent_of_the_measured_peak(tmp_path, model,
 
 @pytest.mark.parametrize("env,status,code,why", [
     ({"MPT_INJECT_FAULT": "kill:4"}, "oom", 4,
-     "the training process died of SIGKILL: the kernel counted an OOM kill while it ran"),
+     "the training process died of SIGKILL while training: the kernel counted an OOM kill"),
     ({"MPT_INJECT_FAULT": "oom:4"}, "oom", 4, "mpt: out of memory at step 1: "),
     ({"MPT_KILL_AT": "end:1"}, "interrupted", 137,
      "the training process was killed (SIGKILL) from outside mpt, not by the kernel's "

@@ -15,6 +15,7 @@ import sys
 import pytest
 
 from mpt import config
+from mpt import main
 from mpt.diagnose import diagnosis as diagnose
 from mpt.diagnose import sweep as diagnose_sweep
 from mpt.errors import UserError
@@ -67,8 +68,10 @@ def test_every_way_a_cell_ends_then_a_resume_reruns_only_the_failed(tmp_path,
   # The cells' own last words: the run's (TF's ResourceExhaustedError caught) and the
   # watching parent's (a SIGKILL).
   assert rows[2].error.startswith("mpt: out of memory at step 1: OOM when allocating")
-  assert rows[3].error.startswith("mpt: oom: the training process died of SIGKILL: "
-                                  "the kernel counted an OOM kill while it ran")
+  assert rows[3].error.startswith("mpt: oom: the training process died of SIGKILL "
+                                  "while training: the kernel counted an OOM kill")
+  # Cells that failed make the sweep's exit status non-zero (OOM is a result).
+  assert result["cells_not_completed"] == 1 and main.exit_status(result) == 6
   cpu = isa.detect()  # The stand-in cpuinfo of the test session (conftest.py).
   assert rows[0].tf_version and rows[0].cpu == cpu.name
   assert rows[0].cpu_isa.split() == [k for k, v in cpu.isa().items() if v]
@@ -167,7 +170,7 @@ def test_ctrl_c_stops_the_running_cell_and_prints_the_partial_table(tmp_path, ch
 def test_a_malformed_fault_injection_stops_the_sweep_before_any_cell(tmp_path,
                                                                      monkeypatch, spec):
   monkeypatch.setenv("MPT_INJECT_FAULT", spec)
-  with pytest.raises(UserError, match="is not KIND:N\\[/POLICY\\] with KIND oom, kill or fail"):
+  with pytest.raises(UserError, match="is not KIND:N\\[/POLICY\\] with KIND oom, kill, fail or segv"):
     sweep.run(*tiny_sweep(tmp_path, batch_sizes="4"))
   assert not (tmp_path / "logs").exists()
 

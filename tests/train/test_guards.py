@@ -85,7 +85,7 @@ def test_sigterm_saves_a_checkpoint_and_says_interrupted(tmp_path, children, loo
                                      f"--loop={loop}")
   proc.send_signal(signal.SIGTERM)
   out, err = proc.communicate(timeout=120)
-  assert proc.returncode == 130, err
+  assert proc.returncode == 143, err  # 128 + SIGTERM, as a shell reports it.
   summary = json.loads((tmp_path / "logs" / "r" / "summary.json").read_text())
   assert summary["status"] == "interrupted" and summary["loop"] == loop
   assert summary["checkpoint"].endswith(f"ckpt-{summary['steps']}")
@@ -105,7 +105,7 @@ def test_a_second_signal_says_both_and_exits(capfd, monkeypatch, first_written):
     stop.signal = signal.SIGINT  # The first handler, interrupted after this line.
   stop._handle(signal.SIGTERM, None)
   err = capfd.readouterr().err
-  assert exits == [130]
+  assert exits == [143]  # 128 + the second signal (SIGTERM).
   assert err.count("mpt: SIGINT: stopping after this step") == 1, err
   assert err.index("stopping after this step") < err.index("second signal, exiting now")
 
