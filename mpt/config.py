@@ -40,7 +40,8 @@ FLAGS_ADDED_LATER = {"batchnorm": "keras", "checkpoint": True, "force": False,
 # this against the options classes.
 OTHER_MODES_FLAGS = frozenset({
     "mode", "run", "batch_sizes", "policies", "loops", "image_sizes", "models",
-    "jit_compiles", "cell_timeout", "microbench_sizes", "microbench_dtypes",
+    "jit_compiles", "cell_timeout", "launcher", "ray_address", "machines", "cell_cpus",
+    "microbench_sizes", "microbench_dtypes",
     "quick", "compare_python", "runs", "out"})
 
 

@@ -107,7 +107,8 @@ def oom_killed(before: dict[str, int], after: dict[str, int]) -> bool | None:
   return any(after[k] > before[k] for k in both) if both else None
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
+  """In a child, before exec: it gets SIGKILL when its parent dies (Linux)."""
   try:
     ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG (Linux).
   except (OSError, AttributeError):
@@ -146,7 +147,7 @@ def run(argv: list[str], child_env: dict[str, str] | None = None) -> int:
   before = oom_kills()
   proc = subprocess.Popen([sys.executable, "-m", "mpt.main", *argv[1:]], env=env,
                           start_new_session=True, stderr=subprocess.PIPE,
-                          preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+                          preexec_fn=die_with_parent if sys.platform == "linux" else None)
   reader = _Stderr(proc.stderr)
   reader.start()
   # Every stop signal reaches the child once (its own session: none reaches it
@@ -156,7 +157,9 @@ def run(argv: list[str], child_env: dict[str, str] | None = None) -> int:
   previous = {s: signal.signal(s, forward) for s in STOP_SIGNALS}
   try:
     code = proc.wait()
-    reader.join()
+    # Its stderr to its end; not forever: a process the child left behind may still
+    # hold the pipe open.
+    reader.join(timeout=READER_WAIT_S)
   finally:
     for s, handler in previous.items():
       signal.signal(s, handler)
@@ -172,7 +175,8 @@ def run(argv: list[str], child_env: dict[str, str] | None = None) -> int:
 # on, but not among the last error lines.
 FAULTHANDLER = re.compile(r"^(Fatal Python error|Current thread|Thread 0x|\s+File \"|"
                           r"Extension modules:|<no Python frame>|  <no Python frame>)")
-LAST_LINES, LAST_SHOWN = 50, 8  # The child's stderr lines kept, and shown on a death.
+LAST_LINES, LAST_SHOWN = 50, 8
+READER_WAIT_S = 10.0  # The child's stderr lines kept, and shown on a death.
 # What a dying process's last lines say about memory (TF's allocator, C++'s new).
 MEMORY_WORDS = ("std::bad_alloc", "out of memory", "resourceexhausted", "oom when",
                 "failed to allocate", "cannot allocate memory")

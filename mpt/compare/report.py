@@ -53,6 +53,15 @@ class Entry:
     s = self.summary
     return s.ms_per_step if s.status == "completed" else None
 
+  @property
+  def machine(self) -> str:
+    """The machine the run measured: its CPU model and GPUs (or its device line)."""
+    hw = self.summary.hardware
+    if hw is None:
+      return self.summary.device or "unknown machine"
+    gpus = sorted({g.name for g in hw.gpus})
+    return hw.cpu + (f" + {', '.join(gpus)}" if gpus else "")
+
 
 @dataclasses.dataclass
 class Line:
@@ -99,10 +108,12 @@ def differences(entries: list[Entry]) -> dict[str, list[str]]:
 def lines(entries: list[Entry]) -> list[Line]:
   """The table's rows: grouped by configuration (in order of first appearance), then
   by loop, float32 first."""
+  machines = list(dict.fromkeys(e.machine for e in entries))
   groups = list(dict.fromkeys(e.config for e in entries))
   rank = lambda p: config.POLICIES.index(p) if p in config.POLICIES else len(
       config.POLICIES)
-  ordered = sorted(entries, key=lambda e: (groups.index(e.config), e.summary.loop or "",
+  ordered = sorted(entries, key=lambda e: (machines.index(e.machine),
+                                           groups.index(e.config), e.summary.loop or "",
                                            rank(e.summary.policy), e.label))
   differs = differences(entries)
   return [Line(e, baseline(e, entries), differs[e.label]) for e in ordered]
@@ -152,13 +163,25 @@ def _legend(rows: list[Line]) -> list[str]:
   return list(LEGEND) + ([FLAG_LEGEND] if any(l.differs for l in rows) else [])
 
 
+def by_machine(rows: list[Line]) -> list[tuple[str, list[Line]]]:
+  """The rows in one block per machine (runs copied from several machines into one
+  logdir); one block, unnamed, when they all come from one."""
+  machines = list(dict.fromkeys(l.entry.machine for l in rows))
+  if len(machines) < 2:
+    return [("", rows)]
+  return [(m, [l for l in rows if l.entry.machine == m]) for m in machines]
+
+
 def text(rows: list[Line]) -> str:
-  """The table as aligned plain text, and its legend."""
+  """The table as aligned plain text (a block per machine), and its legend."""
   cells = [list(HEADER)] + [row(l) for l in rows]
   widths = [max(len(r[i]) for r in cells) for i in range(len(HEADER))]
   fmt = lambda r: "  ".join((c.rjust if i in NUMERIC else c.ljust)(widths[i])
                             for i, c in enumerate(r)).rstrip()
-  out = [fmt(cells[0]), "  ".join("-" * w for w in widths)] + [fmt(r) for r in cells[1:]]
+  out = []
+  for machine, block in by_machine(rows):
+    out += ([f"on {machine}:"] if machine else []) + [
+        fmt(cells[0]), "  ".join("-" * w for w in widths)] + [fmt(row(l)) for l in block]
   return "\n".join(out + [""] + _legend(rows)) + "\n"
 
 
@@ -167,11 +190,13 @@ def markdown(rows: list[Line], note: str = "") -> str:
   out = [f"# mpt compare: {len(rows)} run{'s' if len(rows) != 1 else ''}", ""]
   if note:
     out += [note, ""]
-  out.append("| " + " | ".join(HEADER) + " |")
-  out.append("|" + "|".join("---:" if i in NUMERIC else "---"
-                            for i in range(len(HEADER))) + "|")
-  out += ["| " + " | ".join(c.replace("|", "\\|") for c in row(l)) + " |"
-          for l in rows]
+  for machine, block in by_machine(rows):
+    out += [f"## On {machine}", ""] if machine else []
+    out.append("| " + " | ".join(HEADER) + " |")
+    out.append("|" + "|".join("---:" if i in NUMERIC else "---"
+                              for i in range(len(HEADER))) + "|")
+    out += ["| " + " | ".join(c.replace("|", "\\|") for c in row(l)) + " |"
+            for l in block] + ([""] if machine else [])
   return "\n".join(out + [""] + [f"{l}  " for l in _legend(rows)]) + "\n"
 
 

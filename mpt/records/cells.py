@@ -42,18 +42,24 @@ class Cell:
   tf_version: str = ""
   cpu: str = ""
   cpu_isa: str = ""
+  # The machine it ran on, with --launcher=ray (a node's `machine:NAME` resource, or its
+  # CPU/GPU model); "" on this machine.
+  machine: str = ""
 
   @property
   def id(self) -> str:
     """The cell's name (its run folder under cells/, and sweep.csv's key)."""
+    on = "_on_" + "".join(ch if ch.isalnum() or ch in "-." else "-"
+                          for ch in self.machine) if self.machine else ""
     return (f"{self.model}_{self.image_size}px_b{self.batch_size}_{self.policy}_"
-            f"{self.loop}{'_xla' if self.jit_compile else ''}")
+            f"{self.loop}{'_xla' if self.jit_compile else ''}{on}")
 
   @property
   def label(self) -> str:
     """The cell for a human, in a table."""
     return (f"{self.model} {self.image_size}px b{self.batch_size} {self.policy} "
-            f"{self.loop}{' xla' if self.jit_compile else ''}")
+            f"{self.loop}{' xla' if self.jit_compile else ''}"
+            f"{' on ' + self.machine if self.machine else ''}")
 
   @property
   def ms(self) -> float | None:

@@ -20,4 +20,17 @@ class SweepOptions:
                              "without XLA (default: --jit_compile).")
   cell_timeout: float = flag(0.0, "--mode=sweep: seconds before a cell is killed "
                                "and recorded as `timeout`; 0 = no limit.")
+  launcher: str = flag("local", "--mode=sweep: where cells run: `local` (child "
+                       "processes of this machine, one at a time) or `ray` (Ray tasks on "
+                       "a cluster: pip install -e '.[cluster]'; mpt/sweep/cluster.py).",
+                       choices=("local", "ray"))
+  ray_address: str = flag("", "--mode=sweep --launcher=ray: the cluster to use "
+                          "(`ray start --head` prints it); empty: mpt starts a local "
+                          "one on this machine, reachable only from it.")
+  machines: str = flag("one", "--mode=sweep --launcher=ray: `all` runs every cell once "
+                       "on each distinct machine of the cluster (CPU/GPU model, or a "
+                       "node's `machine:NAME` resource); `one`: anywhere.",
+                       choices=("one", "all"))
+  cell_cpus: int = flag(1, "--mode=sweep --launcher=ray: CPUs a cell asks its node "
+                        "for (Ray runs no more cells at once than fit).", lower_bound=1)
 

@@ -17,9 +17,9 @@ def markdown(cells: list[Cell]) -> str:
   """The seed-style tables of a sweep's cells (read back from sweep.csv or fresh)."""
   groups: dict[tuple, list[Cell]] = {}
   for c in cells:
-    groups.setdefault((c.model, c.image_size, c.jit_compile), []).append(c)
+    groups.setdefault((c.machine, c.model, c.image_size, c.jit_compile), []).append(c)
   out = []
-  for (model, size, jit), group in groups.items():
+  for (machine, model, size, jit), group in groups.items():
     loops = list(dict.fromkeys(c.loop for c in group))
     columns = list(dict.fromkeys((c.policy, c.loop) for c in group))
     label = lambda p, l: p if len(loops) == 1 else f"{p} {l}"
@@ -27,7 +27,8 @@ def markdown(cells: list[Cell]) -> str:
     cell = {(c.batch_size, c.policy, c.loop): c for c in group}
     batches = sorted({b for b, _, _ in cell})
     xla = ", XLA" if jit else ""
-    out.append(f"## {model}, {size} px{xla}: ms/step\n")
+    on = f" on {machine}" if machine else ""  # --machines=all: a block per machine.
+    out.append(f"## {model}, {size} px{xla}{on}: ms/step\n")
     header = ["batch"] + [label(p, l) for p, l in columns] + \
         [f"{label(p, l)} vs float32" for p, l in speedups]
     out.append("| " + " | ".join(header) + " |")
@@ -47,7 +48,8 @@ def markdown(cells: list[Cell]) -> str:
 
 
 def plot(cells: list[Cell], path: pathlib.Path) -> str:
-  """ms/step and images/s vs batch size, a line per policy/loop; optional matplotlib."""
+  """ms/step and images/s vs batch size, a line per policy/loop, a row of panels per
+  machine (--machines=all); optional matplotlib."""
   try:
     import matplotlib
     matplotlib.use("Agg")
@@ -58,7 +60,21 @@ def plot(cells: list[Cell], path: pathlib.Path) -> str:
   done = [c for c in cells if c.ms]
   if not done:
     return "plot skipped: no finished cell"
-  fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+  machines = list(dict.fromkeys(c.machine for c in done))  # A row of panels each.
+  fig, axes = plt.subplots(len(machines), 2, figsize=(11, 4 * len(machines)),
+                           squeeze=False)
+  for (ax1, ax2), machine in zip(axes, machines):
+    _panel(ax1, ax2, [c for c in done if c.machine == machine], machine,
+           matplotlib.ticker.ScalarFormatter)
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+  return path.name
+
+
+def _panel(ax1, ax2, done: list[Cell], machine: str, formatter) -> None:
+  """One machine's ms/step and images/s against the batch size, a line per
+  policy/loop."""
   lines: dict[str, list] = {}
   for c in done:
     key = f"{c.model} {c.image_size}px {c.policy} {c.loop}"
@@ -69,12 +85,10 @@ def plot(cells: list[Cell], path: pathlib.Path) -> str:
     ax2.plot([p[0] for p in points], [p[2] for p in points], "o-", label=key)
   for ax, ylabel in ((ax1, "ms/step"), (ax2, "images/s")):
     ax.set_xscale("log", base=2)
-    ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.xaxis.set_major_formatter(formatter())
     ax.set_xlabel("batch size")
     ax.set_ylabel(ylabel)
     ax.grid(True, alpha=0.3)
+    if machine:
+      ax.set_title(machine, fontsize=9)
   ax1.legend(fontsize=7)
-  fig.tight_layout()
-  fig.savefig(path, dpi=100)
-  plt.close(fig)
-  return path.name

@@ -26,11 +26,8 @@ TensorBoard HParams runs.
 import dataclasses
 import hashlib
 import itertools
-import os
 import pathlib
-import shutil
 import signal
-import subprocess
 import sys
 import time
 from typing import Any
@@ -38,7 +35,6 @@ from typing import Any
 from mpt import config
 from mpt import console
 from mpt import flagvalues
-from mpt import supervisor
 from mpt import injection
 from mpt.errors import EXIT, STOP_SIGNALS, UserError
 from mpt.machine import hardware
@@ -47,16 +43,14 @@ from mpt.records.cells import Cell
 from mpt.records.memory import MemoryPlan
 from mpt.records.rundir import AfterRun
 from mpt.sweep import memoryplans
+from mpt.sweep.cell import AXES, Stopped, run_cell, stop
 from mpt.sweep import report as sweep_report
 from mpt.sweep.options import SweepOptions
 
-# SweepOptions fields that are the sweep's axes: (the Config field of one cell, type).
-AXES = {"batch_sizes": ("batch_size", int), "policies": ("policy", str),
-        "loops": ("loop", str), "image_sizes": ("image_size", int),
-        "models": ("model", str), "jit_compiles": ("jit_compile", bool)}
 # Fields that say where and how the sweep runs, not what it measures: left out of the
 # sweep folder's default name, so that the same sweep finds its folder again.
-BOOKKEEPING = ("run_name", "verbose", "logdir", "force", "cell_timeout")
+BOOKKEEPING = ("run_name", "verbose", "logdir", "force", "cell_timeout", "launcher",
+               "ray_address", "machines", "cell_cpus")
 # Hashed into the default name with the sweep's own flags: sweep folders already on
 # disk were named from a flag set shared by all modes, these at their defaults, and
 # the same command must keep finding its folder (a test pins two names).
@@ -67,7 +61,6 @@ OTHER_MODES_IN_NAME = {"run": "", "microbench_sizes": "256,512,1024,2048",
 # (config.FLAGS_ADDED_LATER) they leave the name as it was.
 NEWER_FLAGS = config.FLAGS_ADDED_LATER
 FINISHED = ("ok", "OOM", "OOM (predicted)")
-# mpt/main.py's step after the sweep: the diagnosis of the folder (Markdown, or None).
 
 
 def _parse_axis(cfg: config.Config, opts: SweepOptions, name: str) -> list:
@@ -124,75 +117,12 @@ def sweep_dir(cfg: config.Config, opts: SweepOptions) -> pathlib.Path:
   return pathlib.Path(cfg.logdir).expanduser() / f"sweep-{digest}"
 
 
-def _cell_flags(cfg: config.Config, cell: Cell, out: pathlib.Path) -> list[str]:
-  """The child's flags: the sweep's Config with the cell's value on each axis."""
-  axes = {field: getattr(cell, field) for field, _ in AXES.values()}
-  # No checkpoints: a cell is never resumed (a rerun starts clean), and a sweep's
-  # cells would otherwise leave megabytes each.
-  run = dataclasses.replace(cfg, run_name=cell.id, logdir=str(out / "cells"),
-                            verbose=0, checkpoint=False, **axes)
-  return config.to_flagfile(run).splitlines()
-
-
-def _error_line(stderr: str) -> str:
-  lines = [l.strip() for l in stderr.splitlines() if l.strip()]
-  errors = [l for l in lines if "Error" in l or l.startswith("mpt: error")]
-  return (errors or lines or [""])[-1][:300]
-
-
-def run_cell(cfg: config.Config, cell: Cell, out: pathlib.Path,
-             timeout: float | None) -> Cell:
-  """Runs one cell as a child `python -m mpt.main`; returns it with how it ended."""
-  run_dir = out / "cells" / cell.id
-  if run_dir.exists():  # A rerun (--force, or after a failure) starts clean.
-    shutil.rmtree(run_dir)
-  cmd = [sys.executable, "-m", "mpt.main", *_cell_flags(cfg, cell, out)]
-  before = supervisor.oom_kills()
-  proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                          text=True, start_new_session=True)
-  ended = lambda status, error="", **figures: dataclasses.replace(
-      cell, status=status, error=error, run_dir=str(run_dir), **figures)
-  try:
-    _, stderr = proc.communicate(timeout=timeout)
-  except subprocess.TimeoutExpired:
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.communicate()
-    return ended("timeout", f"killed after {timeout:g} s")
-  except KeyboardInterrupt as e:  # Stop the child the way the signal stops a run.
-    signum = getattr(e, "signum", signal.SIGINT)
-    os.killpg(proc.pid, signum)
-    proc.communicate()
-    return ended("interrupted", signal.Signals(signum).name)
-  if proc.returncode == -signal.SIGKILL:  # Not by us; the OOM killer if it counted one.
-    if supervisor.oom_killed(before, supervisor.oom_kills()) is False:
-      return ended("failed", "killed (SIGKILL) from outside, not by the OOM killer")
-    return ended("OOM", "killed (SIGKILL)")
-  if proc.returncode == supervisor.OOM_EXIT or (
-      proc.returncode and "ResourceExhaustedError" in stderr):
-    return ended("OOM", _error_line(stderr) or "out of memory")
-  if proc.returncode == 2 and "mpt: error: memory:" in stderr:
-    return ended("OOM (predicted)", _error_line(stderr))
-  if proc.returncode:
-    return ended("failed", _error_line(stderr))
-  return ended("ok", **cells_lib.figures_from_summary(run_dir / "summary.json"))
-
-
-class _Stopped(KeyboardInterrupt):
-  """A stop signal (errors.STOP_SIGNALS) reached the sweep: `signum` names it."""
-
-  def __init__(self, signum: int):
-    super().__init__(signal.Signals(signum).name)
-    self.signum = signum
-
-
-def _stop(signum, frame):
-  raise _Stopped(signum)
-
-
 def _check(cfg: config.Config, opts: SweepOptions) -> None:
   """What fails the whole sweep before any cell runs (UserError)."""
   config.validate(cfg)
   config.validate(opts)
+  if opts.launcher == "local" and (opts.machines != "one" or opts.ray_address):
+    raise UserError("--machines=all and --ray_address need --launcher=ray")
   if cfg.policy == "auto" or "auto" in [p.strip() for p in opts.policies.split(",")]:
     raise UserError("--policy=auto is for single runs; a sweep measures every policy "
                     "anyway: --policies=float32,mixed_bfloat16,mixed_float16")
@@ -208,7 +138,7 @@ def _run_cells(cfg: config.Config, opts: SweepOptions, todo: list[Cell],
   # A stop signal stops the sweep (and the running cell) even when SIGINT was
   # inherited as ignored, as it is for a job started with `&` from a script or CI
   # runner: Python then installs no KeyboardInterrupt handler of its own.
-  previous = {sig: signal.signal(sig, _stop) for sig in STOP_SIGNALS}
+  previous = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
   # Cells run smallest batch first within a model and size (the axes' order), and
   # each finished one tells the memory of the rest: a cell that will not fit is
   # recorded without being started (its own preflight refuses the first one).
@@ -235,7 +165,7 @@ def _run_cells(cfg: config.Config, opts: SweepOptions, todo: list[Cell],
       cells_lib.append_csv(csv_path, cell)
       results.append(cell)
       if cell.status == "interrupted":
-        raise _Stopped(signal.Signals[cell.error].value)
+        raise Stopped(signal.Signals[cell.error].value)
   except KeyboardInterrupt as e:  # During a cell (stopped above) or between cells.
     stopped = signal.Signals(getattr(e, "signum", signal.SIGINT)).name
     print("\nmpt: sweep interrupted; the table holds the cells so far (the same "
@@ -275,7 +205,11 @@ def run(cfg: config.Config, opts: SweepOptions,
                                 if c.status in FINISHED}
   print(f"mpt: sweep of {len(todo)} cells in {out} ({len(done)} already finished)",
         flush=True)
-  results, stopped = _run_cells(cfg, opts, todo, done, out)
+  if opts.launcher == "ray":
+    from mpt.sweep import cluster  # Ray: only when asked for.
+    results, stopped = cluster.run_cells(cfg, opts, todo, done, out)
+  else:
+    results, stopped = _run_cells(cfg, opts, todo, done, out)
   status = "interrupted" if stopped else "completed"
   _write_report(out, results, status, after_run)
   failed = [c for c in results if c.status not in FINISHED]

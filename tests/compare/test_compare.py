@@ -238,3 +238,26 @@ def test_the_command_line_compares_without_tensorflow(logs):
                        text=True, timeout=120)
   assert bad.returncode == 2
   assert bad.stderr.strip() == f"mpt: error: --runs: '{logs}/nothing*' matched nothing"
+
+
+def test_runs_from_several_machines_are_a_block_each(tmp_path):
+  """Run folders copied from two machines into one logdir (the recorded Zen 4 and
+  Sapphire Rapids runs): one table per machine, each 16-bit run against its own
+  machine's float32 run (the speed-ups recomputed from the summaries)."""
+  logs = tmp_path / "logs"
+  for name in ("f32_fit", "bf16_seed"):
+    shutil.copytree(DATA / "runs" / name, logs / name)
+  for run in (DATA / "runs" / "spr_amx").iterdir():
+    shutil.copytree(run, logs / f"spr_{run.name}")
+  compare.run(CompareOptions(runs=f"{logs}/*"))
+  md = (logs / "compare.md").read_text()
+  blocks = md.split("## On ")[1:]
+  assert [b.splitlines()[0] for b in blocks] == ["AMD EPYC", "Intel(R) Xeon(R) Processor"]
+  plain = lambda rows: {k.split(" ")[0]: v for k, v in rows.items()}  # No " *" flag.
+  amd, spr = plain(table(blocks[0])), plain(table(blocks[1]))
+  assert set(amd) == {"f32_fit", "bf16_seed"} and len(spr) == 3
+  ms = lambda label: json.loads((logs / label / "summary.json").read_text())["ms_per_step"]
+  spr_f32 = next(l for l in spr if "float32" in l)
+  for label, cells in spr.items():
+    assert cells["vs float32"] == f"{ms(spr_f32) / ms(label):.2f}x", (label, cells)
+  assert amd["bf16_seed"]["vs float32"] == f"{ms('f32_fit') / ms('bf16_seed'):.2f}x"

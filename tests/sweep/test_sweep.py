@@ -26,6 +26,7 @@ from mpt.records.cells import Cell
 from mpt.records.machine import Stat, Utilisation
 from mpt.records.memory import Estimate, Line, MemoryPlan
 from mpt.sweep import report as sweep_report
+from mpt.sweep import cell as sweep_cell
 from mpt.sweep import run as sweep
 from mpt.sweep.options import SweepOptions
 
@@ -250,7 +251,7 @@ def test_the_cells_child_flags_are_the_run_with_the_cells_values(tmp_path):
   cell = sweep.cells(cfg, opts)[-1]
   assert (cell.batch_size, cell.jit_compile, cell.id) == (
       8, True, "seed_convnet_16px_b8_float32_fit_xla")
-  flags = sweep._cell_flags(cfg, cell, tmp_path)
+  flags = sweep_cell.cell_flags(cfg, cell, tmp_path)
   run = config.from_flagfile("\n".join(flags))
   assert run == dataclasses.replace(cfg, batch_size=8, jit_compile=True, verbose=0,
                                     run_name=cell.id, logdir=str(tmp_path / "cells"),
@@ -280,8 +281,12 @@ def test_sweep_csv_rows_are_written_and_read_back_as_cells(tmp_path):
   path = tmp_path / "sweep.csv"
   cells.append_csv(path, ok)
   cells.append_csv(path, oom)
-  assert path.read_bytes() == CSV_BYTES
+  # Today's file: the same, with the `machine` column (--launcher=ray) at the end.
+  assert path.read_bytes() == CSV_BYTES.replace(
+      b"cpu_isa\r\n", b"cpu_isa,machine\r\n").replace(b"f16c\r\n", b"f16c,\r\n")
   assert cells.read_csv(path) == [ok, oom]
+  (tmp_path / "old.csv").write_bytes(CSV_BYTES)  # A file from before that column.
+  assert cells.read_csv(tmp_path / "old.csv") == [ok, oom]
   assert (ok.ms, oom.ms) == (150.86648099895683, None)  # An OOM has no figure.
   assert oom.id == "seed_convnet_64px_b32_mixed_bfloat16_fit_xla"
   assert oom.label == "seed_convnet 64px b32 mixed_bfloat16 fit xla"

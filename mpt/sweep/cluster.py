@@ -1,0 +1,197 @@
+"""`--mode=sweep --launcher=ray`: a sweep's cells as Ray tasks on a cluster.
+
+Each cell is one Ray task that runs the same child `python -m mpt.main` as a local
+sweep (mpt/sweep/cell.py) on a node with the CPUs it asks for (`--cell_cpus`), in a
+scratch folder there; its run folder comes back to the driver, under the sweep
+folder's cells/, so that the report, the diagnosis and `--mode=compare` read it as
+any. How a cell ended is classified on its node, by the same rules and that node's
+OOM-kill counters. A task is never retried (a cell is recorded once): a node lost
+mid-cell leaves that cell `failed` ("node lost"), and a rerun of the same command
+runs only the cells sweep.csv lacks. A stop signal cancels the running tasks, whose
+cells stop at a step boundary as a local cell does.
+
+`--machines=all` runs every cell once on each distinct machine: a node's custom
+resource `machine:NAME` names it (`ray start --resources='{"machine:v100": 1}'`),
+else its CPU model and GPUs do (read on the node). sweep.csv records the machine, and
+the report has a block per machine.
+
+Nobody else gets in: the cluster mpt starts itself (no `--ray_address`) runs in Ray's
+single-machine mode, every server on the loopback interface, with no dashboard, and
+Ray (>= 2.59) authenticates its clients with a token of this user's. Connecting to a
+user's cluster says once that it must sit on a trusted network.
+"""
+
+import dataclasses
+import io
+import os
+import pathlib
+import shutil
+import signal
+import tarfile
+import tempfile
+
+from mpt.errors import STOP_SIGNALS, UserError
+from mpt.records import cells as cells_lib
+from mpt.records.cells import Cell
+from mpt.sweep import cell as cell_lib
+
+MACHINE = "machine:"  # A node's custom resource naming its machine.
+# What a cell's child must see of the driver's environment, wherever it runs (fault
+# injection for tests and demonstrations: mpt/injection.py).
+FORWARDED = ("MPT_INJECT_FAULT", "MPT_KILL_AT", "MPT_OOM_KILLS")
+WAIT_S = 5.0  # How often a waiting driver checks that every machine still has a node.
+# Ray's own switch for its single-machine mode (its default on macOS and Windows):
+# every server binds the loopback interface. Read when Ray is imported.
+LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+TRUST = ("mpt: note: Ray runs any code its clients send: the cluster at {} must sit on "
+         "a trusted network (Ray >= 2.59 asks clients for its token: RAY_AUTH_MODE=token)")
+
+
+def connect(address: str):
+  """The `ray` module, connected to the cluster at `address`, or to a loopback-only
+  cluster of this machine started here; UserError if Ray is not installed."""
+  if not address:
+    os.environ[LOOPBACK_ENV] = "0"  # Before Ray is imported: its servers read it.
+  try:
+    import ray
+  except ImportError:
+    raise UserError("--launcher=ray needs Ray, which is not installed: pip install -e "
+                    "'.[cluster]' (or --launcher=local)") from None
+  if address:
+    print(TRUST.format(address), flush=True)
+    ray.init(address=address, log_to_driver=False)
+  else:
+    # "local": a new cluster, even where RAY_ADDRESS or a running one could be found.
+    ray.init(address="local", include_dashboard=False, log_to_driver=False)
+  return ray
+
+
+def _probe() -> str:
+  """On a node: its machine, by CPU model and GPUs (without TensorFlow)."""
+  import subprocess
+  from mpt.machine import isa
+  try:
+    gpus = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                          capture_output=True, text=True, timeout=30).stdout.split("\n")
+  except (OSError, subprocess.TimeoutExpired):
+    gpus = []
+  names = sorted({g.strip() for g in gpus if g.strip()})
+  return isa.detect().name + (f" + {', '.join(names)}" if names else "")
+
+
+def machines(ray) -> dict[str, dict]:
+  """{machine: the task options that put a cell on it}, one per distinct machine."""
+  from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+  found = {}
+  probe = ray.remote(num_cpus=0, max_retries=0)(_probe)
+  for node in sorted((n for n in ray.nodes() if n["Alive"]), key=lambda n: n["NodeID"]):
+    named = sorted(k[len(MACHINE):] for k in node["Resources"] if k.startswith(MACHINE))
+    if named:
+      found.setdefault(named[0], {"resources": {MACHINE + named[0]: 0.001}})
+      continue
+    here = NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
+    name = ray.get(probe.options(scheduling_strategy=here).remote())
+    found.setdefault(name, {"scheduling_strategy": here})
+  return found
+
+
+def _run_on_node(cfg, cell: Cell, timeout: float | None) -> tuple[Cell, bytes, str]:
+  """The task: the cell run in a scratch folder of its node; (the cell, its run folder
+  as a tar archive, the node's id)."""
+  import ray
+  from mpt.machine import hardware
+  with tempfile.TemporaryDirectory(prefix="mpt-cell-") as tmp:
+    try:
+      done = cell_lib.run_cell(cfg, cell, pathlib.Path(tmp), timeout)
+    except KeyboardInterrupt:  # Cancelled between the child's start and its wait.
+      done = dataclasses.replace(cell, status="interrupted", error="SIGINT")
+    done = dataclasses.replace(done, **hardware.environment())  # This node's.
+    archive = io.BytesIO()
+    if done.run_dir and pathlib.Path(done.run_dir).is_dir():
+      with tarfile.open(fileobj=archive, mode="w:gz") as tar:
+        tar.add(done.run_dir, arcname=".")
+  return done, archive.getvalue(), ray.get_runtime_context().get_node_id()
+
+
+def _landed(done: Cell, archive: bytes, out: pathlib.Path) -> Cell:
+  """The cell with its run folder unpacked under the sweep folder's cells/."""
+  folder = out / "cells" / done.id
+  shutil.rmtree(folder, ignore_errors=True)
+  if archive:
+    folder.mkdir(parents=True)
+    with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
+      tar.extractall(folder, filter="data")
+  return dataclasses.replace(done, run_dir=str(folder) if archive else "")
+
+
+def run_cells(cfg, opts, todo: list[Cell], done: dict[str, Cell],
+              out: pathlib.Path) -> tuple[list[Cell], str | None]:
+  """Like the local sweep's `_run_cells`: runs the cells not `done` as Ray tasks,
+  appending each to sweep.csv as it ends; (every cell, the stop signal or None)."""
+  ray = connect(opts.ray_address)
+  previous = {sig: signal.signal(sig, cell_lib.stop) for sig in STOP_SIGNALS}
+  try:
+    return _submit_and_collect(ray, cfg, opts, todo, done, out)
+  finally:
+    for sig, handler in previous.items():
+      signal.signal(sig, handler)
+    ray.shutdown()
+
+
+def _submit_and_collect(ray, cfg, opts, todo, done, out):
+  places = machines(ray) if opts.machines == "all" else {"": {}}
+  task = ray.remote(max_retries=0)(_run_on_node)
+  env = {k: os.environ[k] for k in FORWARDED if k in os.environ}
+  cells = [dataclasses.replace(c, machine=m) for m in places for c in todo]
+  pending = {task.options(num_cpus=opts.cell_cpus, runtime_env={"env_vars": env},
+                          **places[c.machine]).remote(cfg, c, opts.cell_timeout or None):
+             c for c in cells if c.id not in done}
+  print(f"mpt: {len(pending)} cells as Ray tasks on {len(ray.nodes())} node(s)"
+        + (f", {len(places)} machine(s): {', '.join(places)}" if opts.machines == "all"
+           else ""), flush=True)
+  finished, stopped = {c.id: done[c.id] for c in cells if c.id in done}, None
+  try:
+    while pending:
+      ready, _ = ray.wait(list(pending), num_returns=1, timeout=WAIT_S)
+      for ref in ready or _stranded(ray, pending, places):
+        _record(ray, ref, pending.pop(ref), out, finished)
+  except KeyboardInterrupt as e:  # A stop signal: the running cells stop at a step.
+    stopped = signal.Signals(getattr(e, "signum", signal.SIGINT)).name
+    for ref in pending:
+      ray.cancel(ref)
+    for ref, cell in pending.items():
+      _record(ray, ref, cell, out, finished)
+    print("\nmpt: sweep interrupted; the table holds the cells so far (the same "
+          "command resumes)", flush=True)
+  return [finished[c.id] for c in cells if c.id in finished], stopped
+
+
+def _stranded(ray, pending: dict, places: dict) -> list:
+  """The tasks of a machine none of whose nodes is alive any more (they would wait
+  for it forever), cancelled: each is then a failed cell."""
+  alive = machines(ray) if len(places) > 1 or "" not in places else places
+  lost = [ref for ref, c in pending.items() if c.machine not in alive]
+  for ref in lost:
+    ray.cancel(ref, force=True)
+  return lost
+
+
+def _record(ray, ref, cell: Cell, out: pathlib.Path, finished: dict) -> None:
+  """The task's cell, its folder landed, appended to sweep.csv; a lost node or a
+  cancelled task that never ran is a `failed` or `interrupted` cell, never none."""
+  try:
+    done, archive, _ = ray.get(ref)
+    done = _landed(done, archive, out)
+  except ray.exceptions.TaskCancelledError:
+    done = dataclasses.replace(cell, status="interrupted", error="cancelled before it ran")
+    if cell.machine and cell.machine not in machines(ray):
+      done = dataclasses.replace(cell, status="failed",
+                                 error=f"node lost: no node of {cell.machine} is left")
+  except ray.exceptions.RayError as e:  # The node or its worker died under the cell.
+    why = (str(e).strip().splitlines() or [""])[0][:200]
+    done = dataclasses.replace(cell, status="failed",
+                               error=f"node lost ({type(e).__name__}): {why}")
+  cells_lib.append_csv(out / "sweep.csv", done)
+  finished[done.id] = done
+  print(f"mpt: cell {done.id}: " + (f"{done.ms:.1f} ms/step" if done.ms else
+                                     f"{done.status} {done.error}".strip()), flush=True)
