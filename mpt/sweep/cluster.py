@@ -95,10 +95,9 @@ def machines(ray) -> dict[str, dict]:
   return found
 
 
-def _run_on_node(cfg, cell: Cell, timeout: float | None) -> tuple[Cell, bytes, str]:
+def _run_on_node(cfg, cell: Cell, timeout: float | None) -> tuple[Cell, bytes]:
   """The task: the cell run in a scratch folder of its node; (the cell, its run folder
-  as a tar archive, the node's id)."""
-  import ray
+  as a tar archive)."""
   from mpt.machine import hardware
   with tempfile.TemporaryDirectory(prefix="mpt-cell-") as tmp:
     try:
@@ -110,7 +109,7 @@ def _run_on_node(cfg, cell: Cell, timeout: float | None) -> tuple[Cell, bytes, s
     if done.run_dir and pathlib.Path(done.run_dir).is_dir():
       with tarfile.open(fileobj=archive, mode="w:gz") as tar:
         tar.add(done.run_dir, arcname=".")
-  return done, archive.getvalue(), ray.get_runtime_context().get_node_id()
+  return done, archive.getvalue()
 
 
 def _landed(done: Cell, archive: bytes, out: pathlib.Path) -> Cell:
@@ -153,8 +152,10 @@ def _submit_and_collect(ray, cfg, opts, todo, done, out):
   try:
     while pending:
       ready, _ = ray.wait(list(pending), num_returns=1, timeout=WAIT_S)
-      for ref in ready or _stranded(ray, pending, places):
+      for ref in ready:
         _record(ray, ref, pending.pop(ref), out, finished)
+      if not ready and opts.machines == "all":
+        _fail_stranded(ray, pending, out, finished)
   except KeyboardInterrupt as e:  # A stop signal: the running cells stop at a step.
     stopped = signal.Signals(getattr(e, "signum", signal.SIGINT)).name
     for ref in pending:
@@ -166,31 +167,35 @@ def _submit_and_collect(ray, cfg, opts, todo, done, out):
   return [finished[c.id] for c in cells if c.id in finished], stopped
 
 
-def _stranded(ray, pending: dict, places: dict) -> list:
-  """The tasks of a machine none of whose nodes is alive any more (they would wait
-  for it forever), cancelled: each is then a failed cell."""
-  alive = machines(ray) if len(places) > 1 or "" not in places else places
-  lost = [ref for ref, c in pending.items() if c.machine not in alive]
-  for ref in lost:
-    ray.cancel(ref, force=True)
-  return lost
+def _fail_stranded(ray, pending: dict, out: pathlib.Path, finished: dict) -> None:
+  """The cells of a machine none of whose nodes is alive any more (Ray would keep
+  them waiting for it forever): cancelled, and recorded as failed."""
+  alive = machines(ray)
+  for ref, cell in list(pending.items()):
+    if cell.machine not in alive:
+      ray.cancel(ref, force=True)
+      del pending[ref]
+      _append(dataclasses.replace(cell, status="failed",
+                                  error=f"node lost: no node of {cell.machine} is left"),
+              out, finished)
 
 
 def _record(ray, ref, cell: Cell, out: pathlib.Path, finished: dict) -> None:
   """The task's cell, its folder landed, appended to sweep.csv; a lost node or a
   cancelled task that never ran is a `failed` or `interrupted` cell, never none."""
   try:
-    done, archive, _ = ray.get(ref)
+    done, archive = ray.get(ref)
     done = _landed(done, archive, out)
   except ray.exceptions.TaskCancelledError:
     done = dataclasses.replace(cell, status="interrupted", error="cancelled before it ran")
-    if cell.machine and cell.machine not in machines(ray):
-      done = dataclasses.replace(cell, status="failed",
-                                 error=f"node lost: no node of {cell.machine} is left")
   except ray.exceptions.RayError as e:  # The node or its worker died under the cell.
     why = (str(e).strip().splitlines() or [""])[0][:200]
     done = dataclasses.replace(cell, status="failed",
                                error=f"node lost ({type(e).__name__}): {why}")
+  _append(done, out, finished)
+
+
+def _append(done: Cell, out: pathlib.Path, finished: dict) -> None:
   cells_lib.append_csv(out / "sweep.csv", done)
   finished[done.id] = done
   print(f"mpt: cell {done.id}: " + (f"{done.ms:.1f} ms/step" if done.ms else

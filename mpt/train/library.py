@@ -64,7 +64,6 @@ class Options:
   loop: str = "fit"  # fit | custom (mpt.track)
   input_shape: tuple | None = None  # One example's; None: read off the model.
   optimizer: keras.optimizers.Optimizer | None = None  # None: the model's.
-  time_fetch: bool = True  # fit: time the batch fetch through Keras' train function.
 
 
 class RunFolder(keras.callbacks.Callback):
@@ -87,31 +86,30 @@ class RunFolder(keras.callbacks.Callback):
     return self.opts.optimizer or getattr(self.model, "optimizer", None)
 
   def skipped(self) -> int:
-    """Steps whose update was skipped (non-finite gradients), over every optimizer the
-    run's fits used: each counted from its own iterations at the fit's start."""
-    opt = self.optimizer
-    if opt is None:
-      return self._skipped_before
-    if opt is not self._segment[0]:  # A new optimizer (compile again, or a new fit).
-      self._skipped_before = self.skipped_in_segment()
-      self._segment = (opt, self.timer.steps, int(opt.iterations.numpy()))
-    return self.skipped_in_segment()
-
-  def skipped_in_segment(self) -> int:
+    """Steps whose update was skipped (non-finite gradients) over the whole run: each
+    fit's optimizer counted from its iterations at that fit's start."""
     opt, steps0, iterations0 = self._segment
     if opt is None:
       return self._skipped_before
     return self._skipped_before + (self.timer.steps - steps0) - \
         (int(opt.iterations.numpy()) - iterations0)
 
+  def _count_skips_from_here(self) -> None:
+    """At a fit's start: a new optimizer (compiled again) counts from its own
+    iterations, after the skips of the one before."""
+    opt = self.optimizer
+    if opt is not None and opt is not self._segment[0]:
+      self._skipped_before = self.skipped()
+      self._segment = (opt, self.timer.steps, int(opt.iterations.numpy()))
+
   def on_train_begin(self, logs=None):
     self.fits += 1
-    self.skipped()  # Starts counting a new optimizer's iterations from here.
+    self._count_skips_from_here()
     if self.cfg is None:
       self._open()
     else:
       self.timer.rewarm()
-    if self.opts.loop == "fit" and self.opts.time_fetch:
+    if self.opts.loop == "fit":
       if getattr(self.model, "steps_per_execution", 1) == 1:
         keras_fit.fetch_through(self.model, self.timer.fetch)
         self.not_measured.pop("data_wait", None)

@@ -104,8 +104,9 @@ def test_user_script_gets_a_run_folder(user_runs):
   # The evidence a CLI run records: the batch fetch timed (through Keras' train
   # function), the kernel verdict before step 1; and what it could not measure.
   assert summary.data_wait_share is not None and 0 <= summary.data_wait_share < 1
-  assert summary.policy_verdict is not None  # Kernel table given by conftest: a probe.
-  assert summary.policy_verdict.evidence == "probe"
+  # The kernel table conftest gives for its stand-in CPU (a recorded probe), or none.
+  assert summary.policy_verdict is not None and summary.policy_verdict.evidence == (
+      "flags" if os.environ["MPT_KERNELS"] == "none" else "probe")
   assert "cannot be rebuilt under another policy" in summary.not_measured["cost"]
 
 
