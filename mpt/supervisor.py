@@ -127,6 +127,10 @@ class _Stderr(threading.Thread):
     self.filter = console.StartupFilter()
 
   def run(self) -> None:
+    # A stop signal must reach the main thread, whose handler forwards it: one taken
+    # by this thread would leave the main thread blocked in waitpid, and the child
+    # training on, never told.
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     for line in iter(self.pipe.readline, b""):
       if not self.filter.keep(line):
         continue
