@@ -41,6 +41,7 @@ FLAGS_ADDED_LATER = {"batchnorm": "keras", "checkpoint": True, "force": False,
 OTHER_MODES_FLAGS = frozenset({
     "mode", "run", "batch_sizes", "policies", "loops", "image_sizes", "models",
     "jit_compiles", "cell_timeout", "launcher", "ray_address", "machines", "cell_cpus",
+    "cell_gpus", "shared_logdir",
     "microbench_sizes", "microbench_dtypes",
     "quick", "compare_python", "runs", "out"})
 

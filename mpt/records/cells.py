@@ -45,6 +45,10 @@ class Cell:
   # The machine it ran on, with --launcher=ray (a node's `machine:NAME` resource, or its
   # CPU/GPU model); "" on this machine.
   machine: str = ""
+  # What Ray reserved for the cell on its node (--launcher=ray; mpt/sweep/requests.py):
+  # None where it reserved none, or on this machine.
+  granted_gpus: float | None = None
+  granted_memory_mb: float | None = None
 
   @property
   def id(self) -> str:
@@ -94,10 +98,15 @@ def read_csv(path: pathlib.Path) -> list[Cell]:
 
 def append_csv(path: pathlib.Path, cell: Cell) -> None:
   """Appends the cell's row (the header first, into a new file), flushed at once: a
-  sweep stopped later keeps it."""
-  new = not path.exists()
+  sweep stopped later keeps it. A file an older mpt began keeps its own columns (a
+  sweep resumed there loses the newer ones rather than write ragged rows)."""
+  new = not path.exists() or path.stat().st_size == 0
+  columns = COLUMNS
+  if not new:
+    with path.open(newline="") as f:
+      columns = tuple(next(csv.reader(f)))
   with path.open("a", newline="") as f:
-    writer = csv.DictWriter(f, COLUMNS)
+    writer = csv.DictWriter(f, columns, extrasaction="ignore")
     if new:
       writer.writeheader()
     writer.writerow(cell.to_row())

@@ -1,10 +1,11 @@
 """`--mode=sweep --launcher=ray`: a sweep's cells as Ray tasks on a cluster.
 
 Each cell is one Ray task that runs the same child `python -m mpt.main` as a local
-sweep (mpt/sweep/cell.py) on a node with the CPUs it asks for (`--cell_cpus`), in a
-scratch folder there; its run folder comes back to the driver, under the sweep
-folder's cells/, so that the report, the diagnosis and `--mode=compare` read it as
-any. How a cell ended is classified on its node, by the same rules and that node's
+sweep (mpt/sweep/cell.py) on a node with the CPUs, GPUs and memory it asks for
+(mpt/sweep/requests.py), in a scratch folder there; its run folder comes back to the
+driver, under the sweep folder's cells/, so that the report, the diagnosis and
+`--mode=compare` read it as any (with --shared_logdir, where every node sees the
+logdir at the same path, the cell writes it there itself). How a cell ended is classified on its node, by the same rules and that node's
 OOM-kill counters. A task is never retried (a cell is recorded once): a node lost
 mid-cell leaves that cell `failed` ("node lost"), and a rerun of the same command
 runs only the cells sweep.csv lacks. A stop signal cancels the running tasks, whose
@@ -34,6 +35,7 @@ from mpt.errors import STOP_SIGNALS, UserError
 from mpt.records import cells as cells_lib
 from mpt.records.cells import Cell
 from mpt.sweep import cell as cell_lib
+from mpt.sweep import requests
 
 MACHINE = "machine:"  # A node's custom resource naming its machine.
 # What a cell's child must see of the driver's environment, wherever it runs (fault
@@ -79,42 +81,70 @@ def _probe() -> str:
   return isa.detect().name + (f" + {', '.join(names)}" if names else "")
 
 
-def machines(ray) -> dict[str, dict]:
-  """{machine: the task options that put a cell on it}, one per distinct machine."""
+def machines(ray, which: str) -> dict[str, requests.Place]:
+  """{machine: where its cells go}: one per distinct machine (`which` = "all"), or the
+  whole cluster as machine "" ("one")."""
   from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-  found = {}
+  alive = sorted((n for n in ray.nodes() if n["Alive"]), key=lambda n: n["NodeID"])
+  if which != "all":
+    return {"": requests.place(alive, {})}
+  nodes, options = {}, {}
   probe = ray.remote(num_cpus=0, max_retries=0)(_probe)
-  for node in sorted((n for n in ray.nodes() if n["Alive"]), key=lambda n: n["NodeID"]):
+  for node in alive:
     named = sorted(k[len(MACHINE):] for k in node["Resources"] if k.startswith(MACHINE))
     if named:
-      found.setdefault(named[0], {"resources": {MACHINE + named[0]: 0.001}})
-      continue
-    here = NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
-    name = ray.get(probe.options(scheduling_strategy=here).remote())
-    found.setdefault(name, {"scheduling_strategy": here})
-  return found
+      name, where = named[0], {"resources": {MACHINE + named[0]: 0.001}}
+    else:
+      here = NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
+      name = ray.get(probe.options(scheduling_strategy=here).remote())
+      where = {"scheduling_strategy": here}
+    nodes.setdefault(name, []).append(node)
+    options.setdefault(name, where)
+  return {name: requests.place(nodes[name], options[name]) for name in nodes}
 
 
-def _run_on_node(cfg, cell: Cell, timeout: float | None) -> tuple[Cell, bytes]:
-  """The task: the cell run in a scratch folder of its node; (the cell, its run folder
-  as a tar archive)."""
+def _run_on_node(cfg, cell: Cell, timeout: float | None,
+                 shared: pathlib.Path | None) -> tuple[Cell, bytes]:
+  """The task: the cell run in a scratch folder of its node, or straight into the
+  sweep folder `shared` where every node sees it; (the cell, its run folder as a tar
+  archive, or nothing where it was written to `shared`)."""
   from mpt.machine import hardware
+  granted = _granted()
+  if shared is not None and not shared.is_dir():
+    return dataclasses.replace(cell, status="failed", error=(
+        f"--shared_logdir: {shared} is not on this node: --logdir must be a path every "
+        f"node sees at the same place"), **hardware.environment(), **granted), b""
   with tempfile.TemporaryDirectory(prefix="mpt-cell-") as tmp:
     try:
-      done = cell_lib.run_cell(cfg, cell, pathlib.Path(tmp), timeout)
+      done = cell_lib.run_cell(cfg, cell, shared or pathlib.Path(tmp), timeout)
     except KeyboardInterrupt:  # Cancelled between the child's start and its wait.
       done = dataclasses.replace(cell, status="interrupted", error="SIGINT")
-    done = dataclasses.replace(done, **hardware.environment())  # This node's.
+    done = dataclasses.replace(done, **hardware.environment(), **granted)  # This node's.
     archive = io.BytesIO()
-    if done.run_dir and pathlib.Path(done.run_dir).is_dir():
+    if shared is None and done.run_dir and pathlib.Path(done.run_dir).is_dir():
       with tarfile.open(fileobj=archive, mode="w:gz") as tar:
         tar.add(done.run_dir, arcname=".")
   return done, archive.getvalue()
 
 
+def _granted() -> dict:
+  """In a task: the GPUs and memory Ray reserved for it, as Cell fields."""
+  try:
+    import ray
+    got = ray.get_runtime_context().get_assigned_resources()
+  except Exception:  # Not in a Ray task (a test calls the task's function itself).
+    return {}
+  return {"granted_gpus": got.get("GPU"),
+          "granted_memory_mb": round(got["memory"] / requests.MB, 1)
+          if got.get("memory") else None}
+
+
 def _landed(done: Cell, archive: bytes, out: pathlib.Path) -> Cell:
-  """The cell with its run folder unpacked under the sweep folder's cells/."""
+  """The cell with its run folder unpacked under the sweep folder's cells/ (or as it
+  is, written there from its node: --shared_logdir)."""
   folder = out / "cells" / done.id
+  if not archive and done.run_dir == str(folder):
+    return done
   shutil.rmtree(folder, ignore_errors=True)
   if archive:
     folder.mkdir(parents=True)
@@ -138,24 +168,40 @@ def run_cells(cfg, opts, todo: list[Cell], done: dict[str, Cell],
 
 
 def _submit_and_collect(ray, cfg, opts, todo, done, out):
-  places = machines(ray) if opts.machines == "all" else {"": {}}
+  places = machines(ray, opts.machines)
+  planner = requests.Planner(opts.cell_cpus, opts.cell_gpus, cfg.force, places)
   task = ray.remote(max_retries=0)(_run_on_node)
   env = {k: os.environ[k] for k in FORWARDED if k in os.environ}
+  shared = out.resolve() if opts.shared_logdir else None
   cells = [dataclasses.replace(c, machine=m) for m in places for c in todo]
-  pending = {task.options(num_cpus=opts.cell_cpus, runtime_env={"env_vars": env},
-                          **places[c.machine]).remote(cfg, c, opts.cell_timeout or None):
-             c for c in cells if c.id not in done}
-  print(f"mpt: {len(pending)} cells as Ray tasks on {len(ray.nodes())} node(s)"
-        + (f", {len(places)} machine(s): {', '.join(places)}" if opts.machines == "all"
-           else ""), flush=True)
-  finished, stopped = {c.id: done[c.id] for c in cells if c.id in done}, None
+  finished = {c.id: done[c.id] for c in cells if c.id in done}
+  for cell in finished.values():
+    planner.ended(cell)  # What they recorded of memory, for the rest.
+  pending: dict = {}
+
+  def submit(batch: list[Cell]) -> None:
+    for cell in batch:  # Smallest batch first: the pilot of each group.
+      how = planner.take(cell)
+      if isinstance(how, Cell):  # Will not fit any node of its machine.
+        _append(how, out, finished)
+        submit(planner.ended(how))
+      elif how is not None:
+        pending[task.options(runtime_env={"env_vars": env}, **how).remote(
+            cfg, cell, opts.cell_timeout or None, shared)] = cell
+
+  print(f"mpt: {len(cells) - len(finished)} cells as Ray tasks on {len(ray.nodes())} "
+        f"node(s)" + (f", {len(places)} machine(s): {', '.join(places)}"
+                      if opts.machines == "all" else ""), flush=True)
+  submit(sorted((c for c in cells if c.id not in finished), key=lambda c: c.batch_size))
+  stopped = None
   try:
     while pending:
       ready, _ = ray.wait(list(pending), num_returns=1, timeout=WAIT_S)
       for ref in ready:
-        _record(ray, ref, pending.pop(ref), out, finished)
+        submit(planner.ended(_record(ray, ref, pending.pop(ref), out, finished)))
       if not ready and opts.machines == "all":
-        _fail_stranded(ray, pending, out, finished)
+        for cell in _fail_stranded(ray, pending, out, finished):
+          submit(planner.ended(cell))  # Its group's held cells: failed in turn.
   except KeyboardInterrupt as e:  # A stop signal: the running cells stop at a step.
     stopped = signal.Signals(getattr(e, "signum", signal.SIGINT)).name
     for ref in pending:
@@ -167,20 +213,21 @@ def _submit_and_collect(ray, cfg, opts, todo, done, out):
   return [finished[c.id] for c in cells if c.id in finished], stopped
 
 
-def _fail_stranded(ray, pending: dict, out: pathlib.Path, finished: dict) -> None:
+def _fail_stranded(ray, pending: dict, out: pathlib.Path, finished: dict) -> list[Cell]:
   """The cells of a machine none of whose nodes is alive any more (Ray would keep
-  them waiting for it forever): cancelled, and recorded as failed."""
-  alive = machines(ray)
+  them waiting for it forever): cancelled, recorded as failed, and returned."""
+  alive, failed = machines(ray, "all"), []
   for ref, cell in list(pending.items()):
     if cell.machine not in alive:
       ray.cancel(ref, force=True)
       del pending[ref]
-      _append(dataclasses.replace(cell, status="failed",
-                                  error=f"node lost: no node of {cell.machine} is left"),
-              out, finished)
+      failed.append(dataclasses.replace(
+          cell, status="failed", error=f"node lost: no node of {cell.machine} is left"))
+      _append(failed[-1], out, finished)
+  return failed
 
 
-def _record(ray, ref, cell: Cell, out: pathlib.Path, finished: dict) -> None:
+def _record(ray, ref, cell: Cell, out: pathlib.Path, finished: dict) -> Cell:
   """The task's cell, its folder landed, appended to sweep.csv; a lost node or a
   cancelled task that never ran is a `failed` or `interrupted` cell, never none."""
   try:
@@ -193,6 +240,7 @@ def _record(ray, ref, cell: Cell, out: pathlib.Path, finished: dict) -> None:
     done = dataclasses.replace(cell, status="failed",
                                error=f"node lost ({type(e).__name__}): {why}")
   _append(done, out, finished)
+  return done
 
 
 def _append(done: Cell, out: pathlib.Path, finished: dict) -> None:

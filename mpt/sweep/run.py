@@ -43,6 +43,7 @@ from mpt.records.cells import Cell
 from mpt.records.memory import MemoryPlan
 from mpt.records.rundir import AfterRun
 from mpt.sweep import memoryplans
+from mpt.sweep import requests
 from mpt.sweep.cell import AXES, Stopped, run_cell, stop
 from mpt.sweep import report as sweep_report
 from mpt.sweep.options import SweepOptions
@@ -50,7 +51,7 @@ from mpt.sweep.options import SweepOptions
 # Fields that say where and how the sweep runs, not what it measures: left out of the
 # sweep folder's default name, so that the same sweep finds its folder again.
 BOOKKEEPING = ("run_name", "verbose", "logdir", "force", "cell_timeout", "launcher",
-               "ray_address", "machines", "cell_cpus")
+               "ray_address", "machines", "cell_cpus", "cell_gpus", "shared_logdir")
 # Hashed into the default name with the sweep's own flags: sweep folders already on
 # disk were named from a flag set shared by all modes, these at their defaults, and
 # the same command must keep finding its folder (a test pins two names).
@@ -121,8 +122,11 @@ def _check(cfg: config.Config, opts: SweepOptions) -> None:
   """What fails the whole sweep before any cell runs (UserError)."""
   config.validate(cfg)
   config.validate(opts)
-  if opts.launcher == "local" and (opts.machines != "one" or opts.ray_address):
-    raise UserError("--machines=all and --ray_address need --launcher=ray")
+  if opts.launcher == "local" and (opts.machines != "one" or opts.ray_address or
+                                   opts.shared_logdir):
+    raise UserError("--machines=all, --ray_address and --shared_logdir need "
+                    "--launcher=ray")
+  requests.parse_gpus(opts.cell_gpus)
   if cfg.policy == "auto" or "auto" in [p.strip() for p in opts.policies.split(",")]:
     raise UserError("--policy=auto is for single runs; a sweep measures every policy "
                     "anyway: --policies=float32,mixed_bfloat16,mixed_float16")

@@ -13,6 +13,7 @@ import pytest
 
 from mpt import main
 from mpt.records import cells
+from mpt.records import summary
 from mpt.sweep import cluster as sweep_cluster
 from mpt.sweep import run as sweep
 
@@ -27,13 +28,28 @@ cluster_utils = pytest.importorskip("ray.cluster_utils")
 pytestmark = pytest.mark.slow
 
 
+# Ray's logical memory of each node (what it lets its tasks reserve), set here so that
+# nothing depends on this machine's RAM: beta's holds no mpt process (one has TF loaded).
+ALPHA_MEMORY, BETA_MEMORY = 8 * 2**30, 200 * 2**20
+
+
 @pytest.fixture(scope="module")
 def two_machines():
-  """A head node `alpha` and a second node `beta`, one CPU each."""
+  """A head node `alpha` (one CPU, one GPU as far as Ray knows: none is used, the
+  cells find no GPU and train on the CPU) and a second node `beta` (one CPU)."""
+  # Ray checks a GPU count against the devices CUDA lets it see (the suite hides all).
+  hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
+  os.environ["CUDA_VISIBLE_DEVICES"] = "0"
   cluster = cluster_utils.Cluster(
-      initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False,
-                                            "resources": {"machine:alpha": 1}})
-  beta = cluster.add_node(num_cpus=1, resources={"machine:beta": 1})
+      initialize_head=True, head_node_args={
+          "num_cpus": 1, "num_gpus": 1, "memory": ALPHA_MEMORY,
+          "include_dashboard": False, "resources": {"machine:alpha": 1}})
+  if hidden is None:
+    del os.environ["CUDA_VISIBLE_DEVICES"]
+  else:
+    os.environ["CUDA_VISIBLE_DEVICES"] = hidden
+  beta = cluster.add_node(num_cpus=1, memory=BETA_MEMORY,
+                          resources={"machine:beta": 1})
   yield cluster, beta
   cluster.shutdown()
 
@@ -50,16 +66,32 @@ def test_a_sweep_runs_every_cell_on_each_machine_then_resumes(two_machines, tmp_
   out = sweep.sweep_dir(cfg, opts)
   rows = cells.read_csv(out / "sweep.csv")
   assert len(rows) == 8 and result["cells"] == 8 and main.exit_status(result) == 0
-  assert sorted((r.machine, r.batch_size, r.policy, r.status) for r in rows) == sorted(
-      (m, b, p, "OOM" if (b, p) == (8, "mixed_bfloat16") else "ok")
-      for m in ("alpha", "beta") for b in (4, 8) for p in ("float32", "mixed_bfloat16"))
-  for r in rows:  # Each run folder came back from its node, under the sweep folder.
+  by = {(r.machine, r.batch_size, r.policy): r for r in rows}
+  assert len(by) == 8
+  # Alpha: every cell ran (the injected OOM recorded as OOM). Beta: its pilot ran; the
+  # others' estimates exceed the memory beta offers: predicted, not started.
+  assert {k: r.status for k, r in by.items()} == {
+      ("alpha", b, p): "OOM" if (b, p) == (8, "mixed_bfloat16") else "ok"
+      for b in (4, 8) for p in ("float32", "mixed_bfloat16")} | {
+      ("beta", b, p): "ok" if (b, p) == (4, "float32") else "OOM (predicted)"
+      for b in (4, 8) for p in ("float32", "mixed_bfloat16")}
+  ran = [r for r in rows if r.status != "OOM (predicted)"]
+  for r in ran:  # Each run folder came back from its node, under the sweep folder.
     assert r.run_dir == str(out / "cells" / r.id) and r.id.endswith(f"_on_{r.machine}")
     assert (out / "cells" / r.id / "flags.txt").exists()
     assert r.cpu  # Read on the node.
-  ok = [r for r in rows if r.status == "ok"]
-  assert all((out / "cells" / r.id / "summary.json").exists() and r.ms_per_step > 0
-             for r in ok)
+    # Ray hid beta's (absent) GPUs; each alpha cell had alpha's one GPU to itself.
+    assert r.granted_gpus == (1.0 if r.machine == "alpha" else None)
+  # The pilots asked for no memory; the rest of alpha's cells for their preflight
+  # estimate, as the pilot's summary.json recorded it, and Ray reserved it.
+  plan = summary.read(out / "cells" / by["alpha", 4, "float32"].id / "summary.json").memory
+  assert by["alpha", 4, "float32"].granted_memory_mb is None
+  for (m, b, p), r in by.items():
+    if m == "alpha" and (b, p) != (4, "float32"):
+      assert r.granted_memory_mb == pytest.approx(plan.policies[p].total_mb(b), abs=0.2)
+    if r.status == "OOM (predicted)":
+      assert "no node of beta offers more than 200 MiB of Ray memory" in r.error
+  assert all(r.ms_per_step > 0 for r in rows if r.status == "ok")
   table = (out / "sweep.md").read_text()
   assert "on alpha: ms/step" in table and "on beta: ms/step" in table
   from matplotlib import image
@@ -75,8 +107,10 @@ def test_a_sweep_runs_every_cell_on_each_machine_then_resumes(two_machines, tmp_
 def test_a_node_lost_mid_sweep_leaves_its_cells_failed(two_machines, tmp_path,
                                                        monkeypatch):
   cluster, beta = two_machines
+  # Every node here sees the logdir: the cells write their run folders there.
   cfg, opts = tiny_sweep(tmp_path, batch_sizes="4", policies="float32,mixed_bfloat16",
-                         launcher="ray", ray_address=cluster.address, machines="all")
+                         launcher="ray", ray_address=cluster.address, machines="all",
+                         shared_logdir=True)
   out = sweep.sweep_dir(cfg, opts)
   # Beta goes down once its first cell is running (its child has begun its run).
   import threading
@@ -91,6 +125,9 @@ def test_a_node_lost_mid_sweep_leaves_its_cells_failed(two_machines, tmp_path,
   by = {(r.machine, r.policy): r for r in rows}
   assert len(rows) == 4 == len(by)  # Never lost, never twice.
   assert {by["alpha", p].status for p in ("float32", "mixed_bfloat16")} == {"ok"}
+  for p in ("float32", "mixed_bfloat16"):  # Written by the cell's own run, not copied.
+    flags = (out / "cells" / by["alpha", p].id / "flags.txt").read_text().splitlines()
+    assert f"--logdir={out.resolve() / 'cells'}" in flags
   for p in ("float32", "mixed_bfloat16"):
     assert by["beta", p].status == "failed" and "node lost" in by["beta", p].error
   assert result["cells_not_completed"] == 2 and main.exit_status(result) == 6

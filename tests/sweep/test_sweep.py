@@ -281,9 +281,10 @@ def test_sweep_csv_rows_are_written_and_read_back_as_cells(tmp_path):
   path = tmp_path / "sweep.csv"
   cells.append_csv(path, ok)
   cells.append_csv(path, oom)
-  # Today's file: the same, with the `machine` column (--launcher=ray) at the end.
+  # Today's file: the same, with the columns of --launcher=ray at the end.
   assert path.read_bytes() == CSV_BYTES.replace(
-      b"cpu_isa\r\n", b"cpu_isa,machine\r\n").replace(b"f16c\r\n", b"f16c,\r\n")
+      b"cpu_isa\r\n", b"cpu_isa,machine,granted_gpus,granted_memory_mb\r\n").replace(
+          b"f16c\r\n", b"f16c,,,\r\n")
   assert cells.read_csv(path) == [ok, oom]
   (tmp_path / "old.csv").write_bytes(CSV_BYTES)  # A file from before that column.
   assert cells.read_csv(tmp_path / "old.csv") == [ok, oom]

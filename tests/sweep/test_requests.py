@@ -1,0 +1,143 @@
+"""What a sweep cell asks its Ray node for (mpt/sweep/requests.py), without Ray: the
+pilot of each machine, model and image size, the cells held for it and released with
+the memory its summary.json estimated, the cells no node can hold, GPUs; and the
+checks of the flags before any cell runs. tests/sweep/test_cluster.py runs the same
+on a real Ray cluster."""
+
+import csv
+import dataclasses
+
+import pytest
+
+from mpt.errors import UserError
+from mpt.records import cells as cells_lib
+from mpt.records import summary as summary_lib
+from mpt.records.cells import Cell
+from mpt.records.memory import Estimate, Line, MemoryPlan
+from mpt.sweep import cluster
+from mpt.sweep import requests
+from mpt.sweep import run as sweep
+
+from test_sweep import tiny_sweep
+
+# A plan as a cell's preflight records it: float32 500 MB + 10 MB per example.
+LINES = {"float32": Line(500.0, 10.0, 400.0), "mixed_bfloat16": Line(450.0, 6.0, 400.0)}
+
+
+def cell(machine="m", batch=4, policy="float32", **kw) -> Cell:
+  return Cell(model="small", image_size=16, batch_size=batch, policy=policy,
+              loop="fit", machine=machine, **kw)
+
+
+def ended_ok(c: Cell, tmp_path) -> Cell:
+  """`c` ended ok, its run folder holding a summary.json with the plan LINES."""
+  folder = tmp_path / c.id
+  folder.mkdir()
+  plan = MemoryPlan(Estimate(c.policy, c.batch_size, 400, 1, 1, 2, 0, 5, 5),
+                    policies=LINES)
+  summary_lib.RunSummary(status="completed", memory=plan).write(folder / "summary.json")
+  return dataclasses.replace(c, status="ok", run_dir=str(folder))
+
+
+def planner(memory_mb=4096.0, gpus=0.0, cell_gpus="auto", force=False):
+  return requests.Planner(2, cell_gpus, force,
+                          {"m": requests.Place({"resources": {"machine:m": 0.001}},
+                                               memory_mb, gpus)})
+
+
+def test_the_pilot_runs_alone_then_the_rest_ask_for_their_estimate(tmp_path):
+  p = planner()
+  pilot, b8, b64 = cell(), cell(batch=8), cell(batch=64, policy="mixed_bfloat16")
+  assert p.take(pilot) == {"num_cpus": 2, "num_gpus": 0.0,
+                           "resources": {"machine:m": 0.001}}  # No memory asked.
+  custom = dataclasses.replace(pilot, loop="custom")
+  assert [p.take(c) for c in (b8, b64, custom)] == [None] * 3  # Held for its plan.
+  assert p.ended(ended_ok(pilot, tmp_path)) == [b8, b64, custom]
+  assert p.ended(ended_ok(b8, tmp_path)) == []  # Not a pilot: releases none.
+  assert p.take(b8)["memory"] == int((500 + 8 * 10) * 2**20)
+  assert p.take(b64)["memory"] == int((450 + 64 * 6) * 2**20)
+
+
+def test_another_machine_or_image_size_has_its_own_pilot(tmp_path):
+  p = requests.Planner(1, "auto", False, {"m": requests.Place({}, 4096),
+                                          "n": requests.Place({}, 4096)})
+  assert p.take(cell()) is not None
+  assert p.take(cell(machine="n")) is not None
+  assert p.take(dataclasses.replace(cell(), image_size=32)) is not None
+  assert p.take(cell(batch=8)) is None
+
+
+def test_a_cell_no_node_can_hold_is_predicted_not_started(tmp_path):
+  p = planner(memory_mb=1000.0)
+  pilot = cell()
+  p.take(pilot)
+  p.ended(ended_ok(pilot, tmp_path))
+  assert "memory" in p.take(cell(batch=50))  # 500 + 500 MB: fits 1000.
+  ended = p.take(cell(batch=51))
+  assert isinstance(ended, Cell) and ended.status == "OOM (predicted)"
+  assert ended.error == ("needs ~1010 MiB (the preflight's estimate); no node of m "
+                         "offers more than 1000 MiB of Ray memory")
+  forced = planner(memory_mb=1000.0, force=True)  # --force: no request, no prediction.
+  assert "memory" not in forced.take(cell(batch=51))
+  assert "memory" not in forced.take(cell(batch=52))
+
+
+def test_a_failed_pilot_releases_its_group_without_memory_requests():
+  p = planner()
+  pilot, rest = cell(), [cell(batch=8), cell(batch=16)]
+  p.take(pilot)
+  assert [p.take(c) for c in rest] == [None, None]
+  assert p.ended(dataclasses.replace(pilot, status="failed")) == rest
+  assert all("memory" not in p.take(c) for c in rest)  # Each runs; none waits.
+
+
+def test_a_gpu_machine_gives_each_cell_one_gpu_unless_told():
+  assert planner(gpus=4.0).take(cell())["num_gpus"] == 1.0
+  assert planner(gpus=0.0).take(cell())["num_gpus"] == 0.0
+  assert planner(gpus=4.0, cell_gpus="2").take(cell())["num_gpus"] == 2.0
+  assert planner(gpus=0.0, cell_gpus="0.5").take(cell())["num_gpus"] == 0.5
+  for bad in ("x", "-1"):
+    with pytest.raises(UserError, match="--cell_gpus: .* neither `auto` nor a number"):
+      requests.parse_gpus(bad)
+
+
+def test_a_node_offering_no_memory_figure_gets_no_memory_request():
+  p = planner(memory_mb=0.0)
+  assert p.take(cell()) is not None and p.take(cell(batch=8)) is not None
+
+
+def test_a_place_is_what_its_nodes_offer():
+  nodes = [{"Resources": {"memory": 3 * 2**30, "GPU": 2.0}},
+           {"Resources": {"memory": 2**30, "GPU": 1.0}}]
+  assert requests.place(nodes, {"x": 1}) == requests.Place({"x": 1}, 3072.0, 1.0)
+
+
+def test_a_shared_logdir_a_node_cannot_see_fails_the_cell_in_one_line(tmp_path):
+  cfg, _ = tiny_sweep(tmp_path)
+  done, archive = cluster._run_on_node(cfg, cell(), None, tmp_path / "not-mounted")
+  assert archive == b"" and done.status == "failed"
+  assert done.error == (f"--shared_logdir: {tmp_path / 'not-mounted'} is not on this "
+                        "node: --logdir must be a path every node sees at the same place")
+
+
+@pytest.mark.parametrize("flags, message", [
+    (dict(shared_logdir=True), "--shared_logdir need --launcher=ray"),
+    (dict(launcher="ray", cell_gpus="one"), "--cell_gpus: 'one' is neither")])
+def test_the_flags_are_checked_before_any_cell(tmp_path, flags, message):
+  cfg, opts = tiny_sweep(tmp_path, **flags)
+  with pytest.raises(UserError, match=message):
+    sweep.run(cfg, opts)
+  assert not (tmp_path / "logs").exists()
+
+
+def test_a_resumed_sweep_csv_keeps_the_columns_it_began_with(tmp_path):
+  path = tmp_path / "sweep.csv"
+  old = cells_lib.COLUMNS[:cells_lib.COLUMNS.index("machine") + 1]
+  with path.open("w", newline="") as f:  # As an mpt before granted_* wrote it.
+    writer = csv.DictWriter(f, old, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerow(cell(status="ok").to_row())
+  cells_lib.append_csv(path, cell(batch=8, status="ok", granted_memory_mb=12.5))
+  rows = list(csv.reader(path.open()))
+  assert {len(r) for r in rows} == {len(old)}  # No ragged row.
+  assert [c.batch_size for c in cells_lib.read_csv(path)] == [4, 8]
