@@ -13,7 +13,7 @@ import pytest
 from helpers import ROOT
 
 QUICK_START = ("pip install -e . && python -m mpt.main",
-               "pip install -e '.[test,cluster]' && python -m pytest -q -n 2 tests")
+               "pip install -e '.[test,cluster]' && python -m pytest -q -n 3 tests")
 PAGES = [ROOT / "README.md", ROOT / "BUILD.md", ROOT / "experiments" / "README.md",
          *sorted((ROOT / "docs").glob("*.md"))]
 LINK = re.compile(r"\]\(([^)\s]+)\)")

@@ -30,6 +30,7 @@ import shutil
 import signal
 import tarfile
 import tempfile
+import time
 
 from mpt.errors import STOP_SIGNALS, UserError
 from mpt.records import cells as cells_lib
@@ -41,7 +42,9 @@ MACHINE = "machine:"  # A node's custom resource naming its machine.
 # What a cell's child must see of the driver's environment, wherever it runs (fault
 # injection for tests and demonstrations: mpt/injection.py).
 FORWARDED = ("MPT_INJECT_FAULT", "MPT_KILL_AT", "MPT_OOM_KILLS")
-WAIT_S = 5.0  # How often a waiting driver checks that every machine still has a node.
+WAIT_S = 2.0  # How often a waiting driver checks that every machine still has a node.
+# A cancelled cell stops at its next step and writes its checkpoint: seconds.
+RECANCEL_S, STOP_GRACE_S = 10.0, 60.0
 # Ray's own switch for its single-machine mode (its default on macOS and Windows):
 # every server binds the loopback interface. Read when Ray is imported.
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
@@ -200,12 +203,11 @@ def _submit_and_collect(ray, cfg, opts, todo, done, out):
       for ref in ready:
         submit(planner.ended(_record(ray, ref, pending.pop(ref), out, finished)))
       if not ready and opts.machines == "all":
-        for cell in _fail_stranded(ray, pending, out, finished):
+        for cell in _fail_stranded(ray, places, pending, out, finished):
           submit(planner.ended(cell))  # Its group's held cells: failed in turn.
   except KeyboardInterrupt as e:  # A stop signal: the running cells stop at a step.
     stopped = signal.Signals(getattr(e, "signum", signal.SIGINT)).name
-    for ref in pending:
-      ray.cancel(ref)
+    stop_tasks(ray, list(pending))
     for ref, cell in pending.items():
       _record(ray, ref, cell, out, finished)
     print("\nmpt: sweep interrupted; the table holds the cells so far (the same "
@@ -213,12 +215,27 @@ def _submit_and_collect(ray, cfg, opts, todo, done, out):
   return [finished[c.id] for c in cells if c.id in finished], stopped
 
 
-def _fail_stranded(ray, pending: dict, out: pathlib.Path, finished: dict) -> list[Cell]:
+def stop_tasks(ray, refs: list) -> None:
+  """Cancels the tasks and waits until each has ended. A running one gets a
+  KeyboardInterrupt, and its cell stops at a step. Once, under load, that interrupt
+  never reached a running task (Ray 2.60: the cell trained on to its end), so a task
+  still running RECANCEL_S later is cancelled again, and killed after STOP_GRACE_S
+  (its cell's child then dies with it, without its last checkpoint)."""
+  deadline, left = time.monotonic() + STOP_GRACE_S, refs
+  while left:
+    force = time.monotonic() > deadline
+    for ref in left:
+      ray.cancel(ref, force=force)
+    _, left = ray.wait(left, num_returns=len(left), timeout=RECANCEL_S)
+
+
+def _fail_stranded(ray, places: dict, pending: dict, out: pathlib.Path,
+                   finished: dict) -> list[Cell]:
   """The cells of a machine none of whose nodes is alive any more (Ray would keep
   them waiting for it forever): cancelled, recorded as failed, and returned."""
-  alive, failed = machines(ray, "all"), []
+  alive, failed = {n["NodeID"] for n in ray.nodes() if n["Alive"]}, []
   for ref, cell in list(pending.items()):
-    if cell.machine not in alive:
+    if not alive.intersection(places[cell.machine].nodes):
       ray.cancel(ref, force=True)
       del pending[ref]
       failed.append(dataclasses.replace(

@@ -34,13 +34,15 @@ class Place:
   options: dict
   memory_mb: float = 0.0  # The largest Ray `memory` resource of its nodes.
   gpus: float = 0.0  # The fewest GPUs of its nodes.
+  nodes: tuple[str, ...] = ()  # Their Ray node ids.
 
 
 def place(nodes: list[dict], options: dict) -> Place:
   """The Place of `nodes` (ray.nodes() entries) reached with `options`."""
   return Place(options, max((n["Resources"].get("memory", 0) / MB for n in nodes),
                             default=0.0),
-               min((n["Resources"].get("GPU", 0) for n in nodes), default=0.0))
+               min((n["Resources"].get("GPU", 0) for n in nodes), default=0.0),
+               tuple(n.get("NodeID", "") for n in nodes))
 
 
 def parse_gpus(flag: str) -> float | None:

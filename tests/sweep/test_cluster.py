@@ -153,7 +153,7 @@ def test_ctrl_c_stops_the_cells_and_the_local_cluster_listens_on_loopback_only(t
   import psutil
   proc = subprocess.Popen(
       [sys.executable, "-m", "mpt", "--mode=sweep", "--launcher=ray",
-       "--batch_sizes=4", "--policies=float32", "--epochs=1000", "--steps_per_epoch=2",
+       "--batch_sizes=4", "--policies=float32", "--epochs=100000", "--steps_per_epoch=2",
        f"--data_dir={tmp_path}/data", f"--logdir={tmp_path}/logs", *TINY_FLAGS],
       cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
       start_new_session=True, env={k: v for k, v in os.environ.items()
