@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from helpers import ROOT, read_events, start_and_wait_for_an_epoch, tiny_cli
+from helpers import ROOT, read_events, start_and_wait_for_an_epoch, tiny_cli, wait_for
 from mpt import errors
 
 
@@ -102,11 +102,33 @@ def test_a_schedulers_signal_stops_at_a_step_with_a_checkpoint(tmp_path, childre
 
 def test_a_stop_after_the_run_folder_was_removed_says_so(tmp_path, children):
   import shutil
+  import psutil
   proc = start_and_wait_for_an_epoch(children, tmp_path, "--checkpoint_every=0")
-  shutil.rmtree(tmp_path / "logs", ignore_errors=True)
-  proc.send_signal(signal.SIGTERM)
+  # The training child is frozen while its folder goes and the stop is sent: else its
+  # next epoch end (2 steps on) may find the folder gone before the signal arrives,
+  # and end the run by itself.
+  training = [p for p in psutil.Process(proc.pid).children()
+              if "mpt.main" in " ".join(p.cmdline())]
+  assert len(training) == 1, training
+  training[0].suspend()
+  try:
+    shutil.rmtree(tmp_path / "logs", ignore_errors=True)
+    proc.send_signal(signal.SIGTERM)  # The supervisor forwards it: pending there.
+    assert wait_for(lambda: signal.SIGTERM in _pending(training[0].pid), 10)
+  finally:
+    training[0].resume()
   out, err = proc.communicate(timeout=60)  # One step and no checkpoint to write.
   assert proc.returncode == 143, err[-2000:]
   assert f"the run folder {tmp_path / 'logs' / 'r'} was removed while the run ran" in err
   assert not (tmp_path / "logs" / "r" / "summary.json").exists()
   assert "Traceback" not in err
+
+
+def _pending(pid: int) -> set[signal.Signals]:
+  """The signals pending for the process (its /proc status' SigPnd and ShdPnd)."""
+  bits = 0
+  for line in open(f"/proc/{pid}/status"):
+    if line.startswith(("SigPnd:", "ShdPnd:")):
+      bits |= int(line.split()[1], 16)
+  return {signal.Signals(n) for n in range(1, 65) if bits >> (n - 1) & 1
+          and n in signal.Signals._value2member_map_}

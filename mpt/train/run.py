@@ -61,7 +61,10 @@ def train_and_evaluate(cfg: config.Config,
     if status == "failed":
       raise
   finally:
-    summary = finish(run, cbs, status, message, after_run)
+    try:
+      summary = finish(run, cbs, status, message, after_run)
+    finally:
+      cbs.stop.uninstall()  # Once only: finish may have done it.
   _say_done(run, status, summary)
   return summary.to_dict()
 
@@ -140,8 +143,9 @@ def finish(run: Run, cbs: RunCallbacks, status: str, message: str | None,
            after_run: AfterRun | None = None) -> RunSummary:
   """However the run ended: stops what runs beside the loop, writes summary.json and
   the final figures, the run's line in runs.csv, says `message`, and hands the folder
-  to `after_run`; returns the summary."""
-  cbs.stop.uninstall()
+  to `after_run`; returns the summary. A stop signal meanwhile is still deferred until
+  the run's files are written (rather than let the default action end it half-way);
+  the diagnosis after them can be stopped as any command can."""
   if cbs.window:
     cbs.window.close()
   if run.sampler:
@@ -153,12 +157,14 @@ def finish(run: Run, cbs: RunCallbacks, status: str, message: str | None,
     print(message or f"mpt: {status}; the run folder {run.run_dir} was removed while "
           "the run ran: no summary.json or diagnosis written", file=sys.stderr, flush=True)
     cbs.writer.close()
+    cbs.stop.uninstall()
     return summary
   cbs.writer.write_final(summary.to_dict())
   summary.write(run.out_dir / "summary.json")
   chief = run.dist.is_chief
   if chief:  # Its line in <logdir>/runs.csv, whatever the status.
     runs_lib.record(summary)
+  cbs.stop.uninstall()
   if message and status != "failed":
     print(message, file=sys.stderr if status == "oom" else sys.stdout, flush=True)
   if after_run and chief and status != "failed":  # A traceback says enough.
