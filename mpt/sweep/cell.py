@@ -68,8 +68,9 @@ def _wait(proc: subprocess.Popen, timeout: float | None) -> str:
 
 
 def run_cell(cfg: config.Config, cell: Cell, out: pathlib.Path,
-             timeout: float | None) -> Cell:
-  """Runs one cell as a child `python -m mpt.main`; returns it with how it ended."""
+             timeout: float | None, env: dict[str, str] | None = None) -> Cell:
+  """Runs one cell as a child `python -m mpt.main` (in `env`, else this process'
+  environment); returns it with how it ended."""
   run_dir = out / "cells" / cell.id
   if run_dir.exists():  # A rerun (--force, or after a failure) starts clean.
     shutil.rmtree(run_dir)
@@ -78,7 +79,7 @@ def run_cell(cfg: config.Config, cell: Cell, out: pathlib.Path,
   # Its own session (a signal to the sweep's group does not reach it twice), and it
   # dies with whoever runs it: a sweep, or a Ray worker a cancelled task took down.
   proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                          text=True, start_new_session=True,
+                          text=True, start_new_session=True, env=env,
                           preexec_fn=_child_setup)
   ended = lambda status, error="", **figures: dataclasses.replace(
       cell, status=status, error=error, run_dir=str(run_dir), **figures)
@@ -90,8 +91,7 @@ def run_cell(cfg: config.Config, cell: Cell, out: pathlib.Path,
     return ended("timeout", f"killed after {timeout:g} s")
   except KeyboardInterrupt as e:  # Stop the child the way the signal stops a run.
     signum = getattr(e, "signum", signal.SIGINT)
-    os.killpg(proc.pid, signum)
-    proc.communicate()
+    _stop(proc, signum)
     return ended("interrupted", signal.Signals(signum).name)
   if proc.returncode == -signal.SIGKILL:  # Not by us; the OOM killer if it counted one.
     if supervisor.oom_killed(before, supervisor.oom_kills()) is False:
@@ -105,6 +105,22 @@ def run_cell(cfg: config.Config, cell: Cell, out: pathlib.Path,
   if proc.returncode:
     return ended("failed", error_line(stderr))
   return ended("ok", **cells_lib.figures_from_summary(run_dir / "summary.json"))
+
+
+def _stop(proc: subprocess.Popen, signum: int) -> None:
+  """Sends the stop to the child's group and waits until the child has ended. A
+  stop meanwhile (a second Ctrl-C; Ray cancelling again) is sent on too: the child's
+  second signal, on which it exits at once."""
+  while True:
+    try:
+      os.killpg(proc.pid, signum)
+    except ProcessLookupError:  # Ended already.
+      pass
+    try:
+      proc.communicate()
+      return
+    except KeyboardInterrupt as e:
+      signum = getattr(e, "signum", signal.SIGINT)
 
 
 class Stopped(KeyboardInterrupt):

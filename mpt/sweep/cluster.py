@@ -117,9 +117,11 @@ def _run_on_node(cfg, cell: Cell, timeout: float | None,
     return dataclasses.replace(cell, status="failed", error=(
         f"--shared_logdir: {shared} is not on this node: --logdir must be a path every "
         f"node sees at the same place"), **hardware.environment(), **granted), b""
+  # A cell given no GPU sees none (Ray 2.60 hides none from a task that asks for none).
+  env = None if granted.get("granted_gpus") else {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
   with tempfile.TemporaryDirectory(prefix="mpt-cell-") as tmp:
     try:
-      done = cell_lib.run_cell(cfg, cell, shared or pathlib.Path(tmp), timeout)
+      done = cell_lib.run_cell(cfg, cell, shared or pathlib.Path(tmp), timeout, env)
     except KeyboardInterrupt:  # Cancelled between the child's start and its wait.
       done = dataclasses.replace(cell, status="interrupted", error="SIGINT")
     done = dataclasses.replace(done, **hardware.environment(), **granted)  # This node's.
@@ -142,12 +144,12 @@ def _granted() -> dict:
           if got.get("memory") else None}
 
 
-def _landed(done: Cell, archive: bytes, out: pathlib.Path) -> Cell:
+def _landed(done: Cell, archive: bytes, out: pathlib.Path, shared: bool) -> Cell:
   """The cell with its run folder unpacked under the sweep folder's cells/ (or as it
   is, written there from its node: --shared_logdir)."""
-  folder = out / "cells" / done.id
-  if not archive and done.run_dir == str(folder):
+  if shared:
     return done
+  folder = out / "cells" / done.id
   shutil.rmtree(folder, ignore_errors=True)
   if archive:
     folder.mkdir(parents=True)
@@ -175,7 +177,8 @@ def _submit_and_collect(ray, cfg, opts, todo, done, out):
   planner = requests.Planner(opts.cell_cpus, opts.cell_gpus, cfg.force, places)
   task = ray.remote(max_retries=0)(_run_on_node)
   env = {k: os.environ[k] for k in FORWARDED if k in os.environ}
-  shared = out.resolve() if opts.shared_logdir else None
+  out = out.resolve()  # Where a node writes with --shared_logdir: the same path.
+  shared = out if opts.shared_logdir else None
   cells = [dataclasses.replace(c, machine=m) for m in places for c in todo]
   finished = {c.id: done[c.id] for c in cells if c.id in done}
   for cell in finished.values():
@@ -201,7 +204,8 @@ def _submit_and_collect(ray, cfg, opts, todo, done, out):
     while pending:
       ready, _ = ray.wait(list(pending), num_returns=1, timeout=WAIT_S)
       for ref in ready:
-        submit(planner.ended(_record(ray, ref, pending.pop(ref), out, finished)))
+        submit(planner.ended(_record(ray, ref, pending.pop(ref), out, finished,
+                                     shared is not None)))
       if not ready and opts.machines == "all":
         for cell in _fail_stranded(ray, places, pending, out, finished):
           submit(planner.ended(cell))  # Its group's held cells: failed in turn.
@@ -209,7 +213,7 @@ def _submit_and_collect(ray, cfg, opts, todo, done, out):
     stopped = signal.Signals(getattr(e, "signum", signal.SIGINT)).name
     stop_tasks(ray, list(pending))
     for ref, cell in pending.items():
-      _record(ray, ref, cell, out, finished)
+      _record(ray, ref, cell, out, finished, shared is not None, stopping=True)
     print("\nmpt: sweep interrupted; the table holds the cells so far (the same "
           "command resumes)", flush=True)
   return [finished[c.id] for c in cells if c.id in finished], stopped
@@ -219,14 +223,18 @@ def stop_tasks(ray, refs: list) -> None:
   """Cancels the tasks and waits until each has ended. A running one gets a
   KeyboardInterrupt, and its cell stops at a step. Once, under load, that interrupt
   never reached a running task (Ray 2.60: the cell trained on to its end), so a task
-  still running RECANCEL_S later is cancelled again, and killed after STOP_GRACE_S
-  (its cell's child then dies with it, without its last checkpoint)."""
+  still running RECANCEL_S later is cancelled again (its cell's child then exits at
+  once), and killed after STOP_GRACE_S or a second stop signal (the child dies with
+  it)."""
   deadline, left = time.monotonic() + STOP_GRACE_S, refs
   while left:
     force = time.monotonic() > deadline
     for ref in left:
       ray.cancel(ref, force=force)
-    _, left = ray.wait(left, num_returns=len(left), timeout=RECANCEL_S)
+    try:
+      _, left = ray.wait(left, num_returns=len(left), timeout=RECANCEL_S)
+    except KeyboardInterrupt:  # A second stop: no more waiting.
+      deadline = 0.0
 
 
 def _fail_stranded(ray, places: dict, pending: dict, out: pathlib.Path,
@@ -244,15 +252,22 @@ def _fail_stranded(ray, places: dict, pending: dict, out: pathlib.Path,
   return failed
 
 
-def _record(ray, ref, cell: Cell, out: pathlib.Path, finished: dict) -> Cell:
+def _record(ray, ref, cell: Cell, out: pathlib.Path, finished: dict, shared: bool,
+            stopping: bool = False) -> Cell:
   """The task's cell, its folder landed, appended to sweep.csv; a lost node or a
   cancelled task that never ran is a `failed` or `interrupted` cell, never none."""
   try:
     done, archive = ray.get(ref)
-    done = _landed(done, archive, out)
+    done = _landed(done, archive, out, shared)
   except ray.exceptions.TaskCancelledError:
     done = dataclasses.replace(cell, status="interrupted", error="cancelled before it ran")
-  except ray.exceptions.RayError as e:  # The node or its worker died under the cell.
+  except ray.exceptions.RayError as e:
+    if stopping:  # Killed by stop_tasks, past its grace.
+      done = dataclasses.replace(cell, status="interrupted", error=(
+          f"killed {STOP_GRACE_S:g} s after the stop ({type(e).__name__})"))
+      _append(done, out, finished)
+      return done
+    # The node or its worker died under the cell.
     why = (str(e).strip().splitlines() or [""])[0][:200]
     done = dataclasses.replace(cell, status="failed",
                                error=f"node lost ({type(e).__name__}): {why}")

@@ -34,8 +34,8 @@ class SweepOptions:
   cell_cpus: int = flag(1, "--mode=sweep --launcher=ray: CPUs a cell asks its node "
                         "for (Ray runs no more cells at once than fit).", lower_bound=1)
   cell_gpus: str = flag("auto", "--mode=sweep --launcher=ray: GPUs a cell asks its node "
-                        "for; `auto`: 1 on a machine whose nodes have GPUs, else 0 (Ray "
-                        "hides every GPU from a task that asks for none).")
+                        "for; `auto`: 1 on a machine whose nodes have GPUs, else 0 (a "
+                        "cell given none sees none).")
   shared_logdir: bool = flag(False, "--mode=sweep --launcher=ray: --logdir is a path "
                              "every node sees at the same place (NFS, a SLURM scratch): "
                              "cells write their run folders there, nothing is copied back.")

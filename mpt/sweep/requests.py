@@ -1,10 +1,11 @@
 """What a sweep cell asks its Ray node for (mpt/sweep/cluster.py): CPUs (--cell_cpus),
 GPUs (--cell_gpus) and memory, the preflight's estimate of its peak.
 
-GPUs: Ray hides every GPU from a task that asks for none (CUDA_VISIBLE_DEVICES=""), so
-a cell on a GPU machine must ask for one to train there; `auto` asks for one where the
-machine's nodes have GPUs (one cell per GPU at a time: two sharing one would spoil
-each other's step times), none elsewhere.
+GPUs: `auto` asks for one where the machine's nodes have GPUs (one cell per GPU at a
+time: two sharing one would spoil each other's step times), none elsewhere. A cell
+given no GPU sees none (mpt/sweep/cluster.py sets CUDA_VISIBLE_DEVICES="" for it:
+Ray 2.60 leaves every GPU visible to a task that asks for none). A cell that asks
+for more GPUs than any node of its machine has fails at once, in one line.
 
 Memory: a cell's own preflight estimates a step's peak for every policy before step
 1 and records it (summary.json's `memory`: a line in the batch size per policy). The
@@ -35,6 +36,7 @@ class Place:
   memory_mb: float = 0.0  # The largest Ray `memory` resource of its nodes.
   gpus: float = 0.0  # The fewest GPUs of its nodes.
   nodes: tuple[str, ...] = ()  # Their Ray node ids.
+  most_gpus: float = 0.0  # The most GPUs of one of its nodes.
 
 
 def place(nodes: list[dict], options: dict) -> Place:
@@ -42,7 +44,8 @@ def place(nodes: list[dict], options: dict) -> Place:
   return Place(options, max((n["Resources"].get("memory", 0) / MB for n in nodes),
                             default=0.0),
                min((n["Resources"].get("GPU", 0) for n in nodes), default=0.0),
-               tuple(n.get("NodeID", "") for n in nodes))
+               tuple(n.get("NodeID", "") for n in nodes),
+               max((n["Resources"].get("GPU", 0) for n in nodes), default=0.0))
 
 
 def parse_gpus(flag: str) -> float | None:
@@ -72,11 +75,15 @@ class Planner:
     self.unplanned: set[tuple] = set()  # Groups whose pilot recorded no plan.
 
   def take(self, cell: Cell) -> dict | Cell | None:
-    """The task options to submit `cell` with; or the cell, ended `OOM (predicted)`;
-    or None: held until its group's pilot ends (`ended` gives it back)."""
+    """The task options to submit `cell` with; or the cell, ended `OOM (predicted)`
+    (or `failed`: more GPUs than its nodes have); or None: held until its group's pilot ends (`ended` gives it back)."""
     where = self.places[cell.machine]
     gpus = self.gpus if self.gpus is not None else min(where.gpus, 1.0)
     options = {"num_cpus": self.cpus, "num_gpus": gpus, **where.options}
+    if gpus > where.most_gpus:  # Ray would hold it, infeasible, for ever.
+      return dataclasses.replace(cell, status="failed", error=(
+          f"--cell_gpus: asks for {gpus:g} GPU(s); no node of "
+          f"{cell.machine or 'the cluster'} has more than {where.most_gpus:g}"))
     group = (cell.machine, cell.model, cell.image_size)
     plan = self.plans[cell.machine].get(group[1:])
     if self.force or where.memory_mb <= 0 or group in self.unplanned:

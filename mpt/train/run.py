@@ -143,9 +143,10 @@ def finish(run: Run, cbs: RunCallbacks, status: str, message: str | None,
            after_run: AfterRun | None = None) -> RunSummary:
   """However the run ended: stops what runs beside the loop, writes summary.json and
   the final figures, the run's line in runs.csv, says `message`, and hands the folder
-  to `after_run`; returns the summary. A stop signal meanwhile is still deferred until
-  the run's files are written (rather than let the default action end it half-way);
-  the diagnosis after them can be stopped as any command can."""
+  to `after_run`; returns the summary. A first stop signal meanwhile is taken and not
+  acted on (the run has ended; the default action would end it with its files half
+  written; a second exits at once); the diagnosis after them can be stopped as any
+  command can."""
   if cbs.window:
     cbs.window.close()
   if run.sampler:

@@ -6,6 +6,7 @@ on a real Ray cluster."""
 
 import csv
 import dataclasses
+import pathlib
 
 import pytest
 
@@ -42,7 +43,7 @@ def ended_ok(c: Cell, tmp_path) -> Cell:
 def planner(memory_mb=4096.0, gpus=0.0, cell_gpus="auto", force=False):
   return requests.Planner(2, cell_gpus, force,
                           {"m": requests.Place({"resources": {"machine:m": 0.001}},
-                                               memory_mb, gpus)})
+                                               memory_mb, gpus, most_gpus=gpus)})
 
 
 def test_the_pilot_runs_alone_then_the_rest_ask_for_their_estimate(tmp_path):
@@ -91,11 +92,37 @@ def test_a_failed_pilot_releases_its_group_without_memory_requests():
   assert all("memory" not in p.take(c) for c in rest)  # Each runs; none waits.
 
 
+def test_more_gpus_than_any_node_has_fail_the_cell_not_wait_for_ever():
+  ended = planner(gpus=0.0, cell_gpus="1").take(cell())
+  assert isinstance(ended, Cell) and ended.status == "failed"
+  assert ended.error == "--cell_gpus: asks for 1 GPU(s); no node of m has more than 0"
+
+
+def test_a_cell_given_no_gpu_sees_none(tmp_path, monkeypatch):
+  seen = []
+  monkeypatch.setattr(cluster.cell_lib, "run_cell",
+                      lambda cfg, c, out, timeout, env: seen.append(env) or c)
+  cfg, _ = tiny_sweep(tmp_path)
+  cluster._run_on_node(cfg, cell(), None, None)  # No Ray here: no GPU granted.
+  assert seen[0]["CUDA_VISIBLE_DEVICES"] == ""
+  monkeypatch.setattr(cluster, "_granted", lambda: {"granted_gpus": 1.0})
+  cluster._run_on_node(cfg, cell(), None, None)
+  assert seen[1] is None  # Ray's own CUDA_VISIBLE_DEVICES, inherited.
+
+
+def test_a_shared_run_folder_is_left_where_its_node_wrote_it(tmp_path):
+  folder = tmp_path / "elsewhere" / "cells" / "c"
+  folder.mkdir(parents=True)
+  done = cell(status="ok", run_dir=str(folder))
+  assert cluster._landed(done, b"", pathlib.Path("logs/relative"), shared=True) == done
+  assert folder.is_dir()
+
+
 def test_a_gpu_machine_gives_each_cell_one_gpu_unless_told():
   assert planner(gpus=4.0).take(cell())["num_gpus"] == 1.0
   assert planner(gpus=0.0).take(cell())["num_gpus"] == 0.0
   assert planner(gpus=4.0, cell_gpus="2").take(cell())["num_gpus"] == 2.0
-  assert planner(gpus=0.0, cell_gpus="0.5").take(cell())["num_gpus"] == 0.5
+  assert planner(gpus=1.0, cell_gpus="0.5").take(cell())["num_gpus"] == 0.5
   for bad in ("x", "-1"):
     with pytest.raises(UserError, match="--cell_gpus: .* neither `auto` nor a number"):
       requests.parse_gpus(bad)
@@ -111,7 +138,7 @@ def test_a_place_is_what_its_nodes_offer():
            {"Resources": {"memory": 2**30, "GPU": 1.0}}]
   nodes[0]["NodeID"], nodes[1]["NodeID"] = "a", "b"
   assert requests.place(nodes, {"x": 1}) == requests.Place({"x": 1}, 3072.0, 1.0,
-                                                           ("a", "b"))
+                                                           ("a", "b"), 2.0)
 
 
 def test_a_shared_logdir_a_node_cannot_see_fails_the_cell_in_one_line(tmp_path):
@@ -170,3 +197,13 @@ def test_a_stop_cancels_again_a_task_the_first_cancel_missed(monkeypatch):
   ray = LosingRay(lose=1)
   cluster.stop_tasks(ray, ["cell"])
   assert ray.cancels[-1] == ("cell", True)
+
+
+def test_a_second_stop_kills_the_tasks_at_once(monkeypatch):
+  monkeypatch.setattr(cluster, "RECANCEL_S", 0.0)
+  ray = LosingRay(lose=1)
+  waits = ray.wait
+  ray.wait = lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt) \
+      if len(ray.cancels) == 1 else waits(*a, **k)
+  cluster.stop_tasks(ray, ["cell"])
+  assert ray.cancels == [("cell", False), ("cell", True)]
