@@ -41,7 +41,7 @@ from mpt.records import summary as summary_lib
 
 ENV = "MPT_SUPERVISED"
 RUN_DIR_FILE = "MPT_RUN_DIR_FILE"
-OOM_EXIT = 4  # errors.EXIT["oom"]: what a sweep reads off a cell's status.
+OOM_EXIT = EXIT["oom"]  # What a sweep reads off a cell's status.
 # A file of `oom_kill N` lines standing in for the kernel's counters (tests: another
 # process of the host may be OOM-killed while one runs).
 OOM_KILLS_ENV = "MPT_OOM_KILLS"

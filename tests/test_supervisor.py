@@ -9,6 +9,7 @@ import signal
 import pytest
 
 from mpt import supervisor
+from helpers import ROOT
 from mpt.records import summary as summary_lib
 
 
@@ -109,3 +110,30 @@ def test_a_finished_run_keeps_its_status(tmp_path, capsys):
   supervisor._died(supervisor.Death(signal.SIGKILL, False, []), run_dir)
   assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
   assert not (tmp_path / "runs.csv").exists()
+
+
+def test_the_start_up_filter_drops_tfs_notices_and_notes_the_no_driver_line():
+  """TF 2.21's start-up lines as a CPU-only process prints them (the cuInit line as
+  recorded on the SPR machine, tests/data/onednn/intel_spr_amx_float32.log)."""
+  from mpt import console
+  cuinit = (ROOT / "tests" / "data" / "onednn" / "intel_spr_amx_float32.log").read_bytes(
+      ).splitlines(keepends=True)[6]
+  assert b"failed call to cuInit" in cuinit
+  lines = [
+      b"WARNING: All log messages before absl::InitializeLog() is called are written to "
+      b"STDERR\n",
+      b"I0000 00:00:1796429403.401261   10435 port.cc:153] oneDNN custom operations are "
+      b"on.\n",
+      b"I0000 00:00:1796429403.402000   10435 cpu_feature_guard.cc:210] This TensorFlow "
+      b"binary is optimized to use available CPU instructions.\n",
+      b"To enable the following instructions: AVX512_FP16, in other operations, rebuild "
+      b"TensorFlow with the appropriate compiler flags.\n",
+      cuinit,
+      b"E0000 00:00:1796429409.0 10435 some_op.cc:1] a real error\n",
+      b"Traceback (most recent call last):\n",
+      b"  File \"x.py\", line 1, in <module>\n"]
+  found = console.StartupFilter()
+  kept = [l for l in lines if found.keep(l)]
+  assert kept == lines[5:] and found.no_driver
+  clean = console.StartupFilter()
+  assert [l for l in lines[5:] if clean.keep(l)] == lines[5:] and not clean.no_driver

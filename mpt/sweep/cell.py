@@ -15,6 +15,7 @@ import time
 
 from mpt import config
 from mpt import supervisor
+from mpt.errors import EXIT, STOP_SIGNALS
 from mpt.records import cells as cells_lib
 from mpt.records.cells import Cell
 
@@ -45,10 +46,10 @@ def _child_setup() -> None:
   """In the cell's child before exec: stop signals at their defaults and unblocked (a
   Ray worker ignores or blocks them, and both survive exec, so the child would never
   see a stop), and death with its parent."""
-  stops = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
-  for sig in stops:
+  for sig in STOP_SIGNALS:
     signal.signal(sig, signal.SIG_DFL)
-  signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)  # A blocked mask survives exec too.
+  # A blocked mask survives exec too.
+  signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
   if sys.platform == "linux":
     supervisor.die_with_parent()
 
@@ -100,7 +101,7 @@ def run_cell(cfg: config.Config, cell: Cell, out: pathlib.Path,
   if proc.returncode == supervisor.OOM_EXIT or (
       proc.returncode and "ResourceExhaustedError" in stderr):
     return ended("OOM", error_line(stderr) or "out of memory")
-  if proc.returncode == 2 and "mpt: error: memory:" in stderr:
+  if proc.returncode == EXIT["usage"] and "mpt: error: memory:" in stderr:
     return ended("OOM (predicted)", error_line(stderr))
   if proc.returncode:
     return ended("failed", error_line(stderr))

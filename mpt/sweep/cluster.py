@@ -5,8 +5,8 @@ sweep (mpt/sweep/cell.py) on a node with the CPUs, GPUs and memory it asks for
 (mpt/sweep/requests.py), in a scratch folder there; its run folder comes back to the
 driver, under the sweep folder's cells/, so that the report, the diagnosis and
 `--mode=compare` read it as any (with --shared_logdir, where every node sees the
-logdir at the same path, the cell writes it there itself). How a cell ended is classified on its node, by the same rules and that node's
-OOM-kill counters. A task is never retried (a cell is recorded once): a node lost
+logdir at the same path, the cell writes it there itself). How a cell ended is
+classified on its node, by the same rules and that node's OOM-kill counters. A task is never retried (a cell is recorded once): a node lost
 mid-cell leaves that cell `failed` ("node lost"), and a rerun of the same command
 runs only the cells sweep.csv lacks. A stop signal cancels the running tasks, whose
 cells stop at a step boundary as a local cell does.
@@ -265,12 +265,10 @@ def _record(ray, ref, cell: Cell, out: pathlib.Path, finished: dict, shared: boo
     if stopping:  # Killed by stop_tasks, past its grace.
       done = dataclasses.replace(cell, status="interrupted", error=(
           f"killed {STOP_GRACE_S:g} s after the stop ({type(e).__name__})"))
-      _append(done, out, finished)
-      return done
-    # The node or its worker died under the cell.
-    why = (str(e).strip().splitlines() or [""])[0][:200]
-    done = dataclasses.replace(cell, status="failed",
-                               error=f"node lost ({type(e).__name__}): {why}")
+    else:  # The node or its worker died under the cell.
+      why = (str(e).strip().splitlines() or [""])[0][:200]
+      done = dataclasses.replace(cell, status="failed",
+                                 error=f"node lost ({type(e).__name__}): {why}")
   _append(done, out, finished)
   return done
 

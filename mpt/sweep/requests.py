@@ -76,7 +76,8 @@ class Planner:
 
   def take(self, cell: Cell) -> dict | Cell | None:
     """The task options to submit `cell` with; or the cell, ended `OOM (predicted)`
-    (or `failed`: more GPUs than its nodes have); or None: held until its group's pilot ends (`ended` gives it back)."""
+    (or `failed`: more GPUs than its nodes have); or None: held until its group's
+    pilot ends (`ended` gives it back)."""
     where = self.places[cell.machine]
     gpus = self.gpus if self.gpus is not None else min(where.gpus, 1.0)
     options = {"num_cpus": self.cpus, "num_gpus": gpus, **where.options}

@@ -64,7 +64,7 @@ def train_and_evaluate(cfg: config.Config,
     try:
       summary = finish(run, cbs, status, message, after_run)
     finally:
-      cbs.stop.uninstall()  # Once only: finish may have done it.
+      cbs.stop.uninstall()  # Every way out of finish (it may have done so already).
   _say_done(run, status, summary)
   return summary.to_dict()
 
@@ -158,7 +158,6 @@ def finish(run: Run, cbs: RunCallbacks, status: str, message: str | None,
     print(message or f"mpt: {status}; the run folder {run.run_dir} was removed while "
           "the run ran: no summary.json or diagnosis written", file=sys.stderr, flush=True)
     cbs.writer.close()
-    cbs.stop.uninstall()
     return summary
   cbs.writer.write_final(summary.to_dict())
   summary.write(run.out_dir / "summary.json")

@@ -38,16 +38,12 @@ def two_machines():
   """A head node `alpha` (one CPU, one GPU as far as Ray knows: none is used, the
   cells find no GPU and train on the CPU) and a second node `beta` (one CPU)."""
   # Ray checks a GPU count against the devices CUDA lets it see (the suite hides all).
-  hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
-  os.environ["CUDA_VISIBLE_DEVICES"] = "0"
-  cluster = cluster_utils.Cluster(
-      initialize_head=True, head_node_args={
-          "num_cpus": 1, "num_gpus": 1, "memory": ALPHA_MEMORY,
-          "include_dashboard": False, "resources": {"machine:alpha": 1}})
-  if hidden is None:
-    del os.environ["CUDA_VISIBLE_DEVICES"]
-  else:
-    os.environ["CUDA_VISIBLE_DEVICES"] = hidden
+  with pytest.MonkeyPatch.context() as env:
+    env.setenv("CUDA_VISIBLE_DEVICES", "0")
+    cluster = cluster_utils.Cluster(
+        initialize_head=True, head_node_args={
+            "num_cpus": 1, "num_gpus": 1, "memory": ALPHA_MEMORY,
+            "include_dashboard": False, "resources": {"machine:alpha": 1}})
   beta = cluster.add_node(num_cpus=1, memory=BETA_MEMORY,
                           resources={"machine:beta": 1})
   yield cluster, beta
