@@ -25,7 +25,7 @@ def _after_run(diagnose: bool):
   if not diagnose:
     return None
   from mpt.diagnose import diagnosis  # A wing: only when asked.
-  return diagnosis.after_run
+  return diagnosis.report_of  # Its failure is recorded (mpt/train/ending.py).
 
 
 def callbacks(run_dir: str, *, batch_size: int, input_shape: tuple | None = None,
@@ -33,7 +33,9 @@ def callbacks(run_dir: str, *, batch_size: int, input_shape: tuple | None = None
   """Keras callbacks measuring a user's `model.fit` (any number of fits) into the run
   folder `run_dir`; `input_shape` (one example's) only where the model cannot tell it;
   options: warmup_steps=5, log_every=10, sample_every=1.0 (None: no sampler),
-  diagnose=True (the diagnosis after each fit)."""
+  profile_steps=(A, B) (a profiler trace of global steps A..B, after the warm-up),
+  diagnose=True (the diagnosis after each fit). Nothing mpt does inside the fit can
+  end it: a part that fails is one line and a `not_measured` entry."""
   from mpt.train import library  # TensorFlow: only when asked.
   opts = library.Options(batch_size, "fit", input_shape)
   return library.callbacks(run_dir, opts, after_run=_after_run(diagnose), **options)
@@ -42,9 +44,11 @@ def callbacks(run_dir: str, *, batch_size: int, input_shape: tuple | None = None
 def track(run_dir: str, model, *, batch_size: int, optimizer=None,
           input_shape: tuple | None = None, diagnose: bool = True, **options):
   """mpt around your own training loop (mpt/train/tracker.py): `run.step(fn)` wraps
-  the step, `run.batches(data)` times the fetch, `run.end_epoch(logs)` ends an epoch,
-  `with run:` opens and closes the run folder. `optimizer`: the loop's (its loss
-  scale is tracked); options as for `callbacks`."""
+  the step (it may return any nest of tensors and numbers), `run.batches(data)` times
+  the fetch, `run.end_epoch(logs)` ends an epoch, `with run:` opens and closes the run
+  folder. `model`: one, or a tuple of models trained together (a GAN's two);
+  `optimizer`: the loop's, one or a tuple (each one's loss scale and skipped steps
+  are tracked); options as for `callbacks`."""
   from mpt.train import tracker
   return tracker.Tracker(run_dir, model, batch_size=batch_size, optimizer=optimizer,
                          input_shape=input_shape, after_run=_after_run(diagnose),

@@ -23,6 +23,7 @@ from mpt.diagnose import detectors
 from mpt.diagnose import evidence
 from mpt.diagnose import profile
 from mpt.diagnose import report
+from mpt.diagnose import speech
 from mpt.diagnose import sweep as diagnose_sweep
 from mpt.diagnose.options import DiagnoseOptions
 from mpt.diagnose.findings import rank
@@ -39,7 +40,7 @@ def _figures(ev: evidence.Evidence) -> dict[str, Any]:
   s, d, ops, b = ev.summary, ev.dtypes or {}, ev.op_stats or {}, ev.baseline
   busy, what = s.busy()
   return {
-      "run": f"{s.model}, {s.policy}, {s.loop} loop, {s.image_size} px, batch "
+      "run": f"{s.model}, {s.policy}, {s.loop} loop, {_inputs(s)}, batch "
              f"{s.batch_size}, {s.status}",
       "device": s.device,
       "ms_per_step": s.ms_per_step,
@@ -64,12 +65,35 @@ def _figures(ev: evidence.Evidence) -> dict[str, Any]:
   }
 
 
+def _inputs(s) -> str:
+  """What the model was fed: "64 px" images, else each input's shape as it is."""
+  if s.image_size:
+    return f"{s.image_size} px"
+  inputs = s.program.inputs if s.program else {}
+  return "inputs " + (", ".join(f"{name} {tuple(shape)}" for name, shape in inputs.items())
+                      or "not seen")
+
+
+def _in_its_words(findings, notes: list[str], api: str) -> None:
+  """A script's run: each finding's next step, evidence and the notes in its API's
+  words (mpt/diagnose/speech.py)."""
+  for f in findings:
+    f.next_step = speech.for_api(f.next_step, api)
+    f.evidence = [speech.for_api(e, api) for e in f.evidence]
+  notes[:] = [speech.for_api(n, api) for n in notes]
+
+
 def diagnose_run(run_dir: pathlib.Path) -> dict[str, Any]:
   """The diagnosis of one training run folder, as written to diagnosis.json."""
   notes: list[str] = []
   ev = evidence.load(run_dir, notes)
   findings, checked = detectors.run(ev)
-  found = {"kind": "run", "run_dir": str(run_dir), "figures": _figures(ev),
+  _in_its_words(findings, notes, ev.summary.api)
+  figures = _figures(ev)
+  typical = (ev.summary.step_time_ms or {}).get("data_wait_share_median")
+  if typical is not None and ev.summary.data_wait_share is not None:  # Newer runs.
+    figures["data_wait_share_median"] = typical
+  found = {"kind": "run", "run_dir": str(run_dir), "figures": figures,
            "findings": [dataclasses.asdict(f) for f in rank(findings)],
            "checked_clear": checked, "notes": notes,
            "op_stats": ev.op_stats}
@@ -109,11 +133,18 @@ def diagnose_folders(paths: list[pathlib.Path]) -> dict[str, Any]:
   return diagnosis
 
 
+def report_of(folder: pathlib.Path) -> str:
+  """The diagnosis of a run folder, printed and written, as Markdown (for the run's
+  TensorBoard text); raises what failed (a script's run records it as not measured,
+  mpt/train/ending.py)."""
+  return report.format_report(diagnose_folder(folder), markdown=True)
+
+
 def after_run(folder: pathlib.Path) -> str | None:
   """The diagnosis at the end of a run or sweep, as Markdown (for the run's
   TensorBoard text); None if it failed, which never fails the run."""
   try:
-    return report.format_report(diagnose_folder(folder), markdown=True)
+    return report_of(folder)
   except Exception as e:  # pylint: disable=broad-except
     print(f"mpt: diagnosis failed (the run's outputs are complete): {e}", flush=True)
     return None

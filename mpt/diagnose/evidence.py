@@ -37,7 +37,7 @@ REQUIRED = ("summary.json", "flags.txt")
 class Evidence:
   """Everything the detectors may read about one run."""
   summary: RunSummary
-  flags: config.Config
+  flags: config.Config | None  # flags.txt; None for a script's run (it has none).
   dtypes: dict[str, Any] | None = None  # dtypes.json (mpt/measure/dtypes.py)
   op_stats: dict[str, Any] | None = None  # op_stats.json (mpt/diagnose/opstats.py)
   baseline: RunSummary | None = None  # The float32 run of the same configuration.
@@ -84,7 +84,7 @@ class Evidence:
   def rerun(self, policy: str) -> str:
     """The command that trains this run again under `policy` (flags.txt replayed)."""
     folder = self.run_dir or pathlib.Path(self.summary.run_dir or ".")
-    if self.summary.dataset == "user":  # A script's run (mpt.callbacks, mpt.track).
+    if self.summary.script:  # A script's run (mpt.callbacks, mpt.track).
       return (f"rerun your script with keras.mixed_precision.set_global_policy("
               f"{policy!r}) and a new run folder")
     return (f"python -m mpt.main --flagfile={shlex.quote(str(folder / 'flags.txt'))} "
@@ -126,6 +126,8 @@ def check_folder(path: pathlib.Path) -> str:
   if (path / "sweep.csv").is_file():
     return "sweep"
   missing = [name for name in REQUIRED if not (path / name).is_file()]
+  if missing == ["flags.txt"] and _script_run(path / "summary.json"):
+    return "run"  # mpt.callbacks / mpt.track: summary.json's `program` says what ran.
   if len(missing) == len(REQUIRED) and gpu_profile.find_traces(path):
     return "profile"
   if missing:
@@ -137,6 +139,13 @@ def check_folder(path: pathlib.Path) -> str:
                     f"folder (sweep.csv) or a profile folder (a TensorBoard logdir "
                     f"with plugins/profile/<run>/*.xplane.pb)")
   return "run"
+
+
+def _script_run(path: pathlib.Path) -> bool:
+  try:
+    return summary_lib.read(path).script
+  except UserError:
+    return False
 
 
 def _neighbours(run_dir: pathlib.Path) -> list[tuple[RunSummary, float]]:
@@ -196,10 +205,7 @@ def _notes(s: RunSummary, op_stats, notes: list[str]) -> None:
 
 def load(run_dir: pathlib.Path, notes: list[str]) -> Evidence:
   s = summary_lib.read(run_dir / "summary.json")
-  try:
-    flags = config.from_flagfile((run_dir / "flags.txt").read_text())
-  except UserError as e:
-    raise UserError(f"{run_dir / 'flags.txt'}: {e}") from None
+  flags = None if s.script else _flags(run_dir / "flags.txt")
   dtypes = None
   if (run_dir / "dtypes.json").is_file():
     try:
@@ -224,6 +230,13 @@ def load(run_dir: pathlib.Path, notes: list[str]) -> Evidence:
                 **_relatives(s, _neighbours(run_dir)))
   ev.gpu = _gpu(ev, notes)
   return ev
+
+
+def _flags(path: pathlib.Path) -> config.Config:
+  try:
+    return config.from_flagfile(path.read_text())
+  except (OSError, UserError) as e:
+    raise UserError(f"{path}: {e}") from None
 
 
 def _gpu(ev: Evidence, notes: list[str]) -> GpuEvidence | None:

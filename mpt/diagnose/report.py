@@ -42,6 +42,8 @@ def format_figures(f: dict[str, Any]) -> list[str]:
   if f["misaligned_layers"]:
     shapes += f": {_layers(f['misaligned_layers'])}"
   data = f"data wait {_pct(f['data_wait_share'])} of step time"
+  if f.get("data_wait_share_median") is not None:
+    data += f" (the median step's: {_pct(f['data_wait_share_median'])})"
   if f["utilisation"] is not None:
     data += f"; {f['utilisation_of']} {f['utilisation']:.0%}"
   lines = [f"speed:     {speed}", f"precision: {precision}", f"shapes:    {shapes}",

@@ -101,14 +101,18 @@ def _row(call: observe.Call, global_policy: str) -> dict[str, Any]:
 
 
 def _gradient_dtypes(model: keras.Model, x) -> list[str]:
-  """The dtypes of the loss' gradients with respect to the trainable variables."""
+  """The dtypes of the loss' gradients with respect to the trainable variables (a
+  stand-in loss: the mean of every floating output)."""
   # training=False: a training-mode pass would move BatchNorm's statistics before the
   # run starts; the gradients' dtypes are the same either way.
   found: set[str] = set()
 
   def gradient_dtypes():
     with tf.GradientTape() as tape:
-      loss = tf.reduce_mean(tf.cast(model(x, training=False), tf.float32))
+      outs = [o for o in keras.tree.flatten(model(x, training=False))
+              if hasattr(o, "dtype") and tf.as_dtype(o.dtype).is_floating]
+      loss = tf.add_n([tf.reduce_mean(tf.cast(o, tf.float32)) for o in outs]) \
+          if outs else tf.constant(0.0)
     grads = tape.gradient(loss, model.trainable_variables)
     found.update(g.dtype.name for g in grads if g is not None)
 
@@ -139,28 +143,46 @@ def _shares(rows: list[dict[str, Any]]) -> dict[str, Any]:
   }
 
 
-def inspect_model(model: keras.Model, batch_size: int = 2, seed: int = 0,
-                  input_shape: tuple | None = None) -> dict[str, Any]:
-  """The dtype report of `model`, from one forward and one backward pass: a row per
-  layer doing its own work (a custom layer's or nested model's layers, not the
-  container). `input_shape` (one example's): where the model cannot tell it."""
-  shape = tuple(input_shape) if input_shape else observe.input_shape(model)
-  if shape is None:
+def _sample(model: keras.Model, batch_size: int, seed: int,
+            input_shape: tuple | None, x):
+  """What to call `model` with: `x` (a real batch, cut to `batch_size` examples), a
+  random batch of `input_shape` (one example's), or one made from what the model
+  declares; UserError when none of these exists."""
+  if x is not None:
+    return keras.tree.map_structure(lambda t: t[:batch_size], x)
+  if input_shape:
+    return tf.random.stateless_uniform((batch_size,) + tuple(input_shape),
+                                       seed=(seed, 0))
+  found = observe.sample_input(model, batch_size, seed)
+  if found is None:
     raise UserError(f"model {model.name!r} is not built and has no inputs, so its "
                     "input shape is unknown: build it first (call it on a batch, or "
                     "model.build((None, height, width, channels)))")
-  shape = (batch_size,) + tuple(shape[1:] if not input_shape else shape)
-  x = tf.random.stateless_uniform(shape, seed=(seed, 0))
+  return found
+
+
+def inspect_model(model: keras.Model, batch_size: int = 2, seed: int = 0,
+                  input_shape: tuple | None = None, x=None) -> dict[str, Any]:
+  """The dtype report of `model`, from one forward and one backward pass: a row per
+  layer doing its own work (a custom layer's or nested model's layers, not the
+  container). Called on `x` (a real batch) where given, else on `input_shape` (one
+  example's) or the inputs the model declares. A model with no call() of its own (a
+  GAN, a VAE holding its parts) is the sum of its parts (`inspect_parts`)."""
+  if not observe.has_call(model):
+    return inspect_parts(model.name, observe.parts(model), batch_size, seed)
+  x = _sample(model, batch_size, seed, input_shape, x)
   calls, _ = observe.layer_calls(model, x)
   global_policy = keras.mixed_precision.global_policy().name
   seen = [c for c in calls if c.leaf and not isinstance(c.layer, keras.layers.InputLayer)]
   rows = [_row(call, global_policy) for call in seen]
   grad_dtypes = _gradient_dtypes(model, x)
   var_dtypes = sorted({v.dtype for v in model.trainable_variables})
+  inputs = observe.describe_inputs(x)
   return {
       "model": model.name,
       "policy": global_policy,
-      "input_shape": list(shape[1:]),
+      "input_shape": next(iter(inputs.values()), []),
+      "inputs": inputs,
       "layers": rows,
       "params": int(model.count_params()),
       **_shares(rows),
@@ -171,6 +193,34 @@ def inspect_model(model: keras.Model, batch_size: int = 2, seed: int = 0,
       "gradient_dtypes": grad_dtypes,
       "variable_dtypes": var_dtypes,
       "gradients_match_variables": grad_dtypes == var_dtypes,
+  }
+
+
+def inspect_parts(name: str, models: list[keras.Model], batch_size: int = 2,
+                  seed: int = 0) -> dict[str, Any]:
+  """One report over several models trained together (a GAN's generator and
+  discriminator, a VAE's encoder and decoder), each called on the inputs it declares:
+  its rows named `part/layer`, FLOPs summed as if each part ran once per example."""
+  if not models:
+    raise UserError(f"model {name!r} has no call() and holds no model that has one: "
+                    "nothing to inspect")
+  reports = [inspect_model(m, batch_size, seed) for m in models]
+  rows = [{**row, "name": f"{r['model']}/{row['name']}"}
+          for r in reports for row in r["layers"]]
+  grads = sorted({d for r in reports for d in r["gradient_dtypes"]})
+  variables = sorted({d for r in reports for d in r["variable_dtypes"]})
+  return {
+      "model": name, "parts": [r["model"] for r in reports],
+      "policy": reports[0]["policy"],
+      "input_shape": reports[0]["input_shape"],
+      "inputs": {f"{r['model']}/{k}": v for r in reports for k, v in r["inputs"].items()},
+      "layers": rows, "params": sum(r["params"] for r in reports), **_shares(rows),
+      "uncounted_layers": [f"{r['model']}/{n}" for r in reports
+                           for n in r["uncounted_layers"]],
+      "no_tensor_output": [f"{r['model']}/{n}" for r in reports
+                           for n in r["no_tensor_output"]],
+      "gradient_dtypes": grads, "variable_dtypes": variables,
+      "gradients_match_variables": grads == variables,
   }
 
 

@@ -47,6 +47,9 @@ class StepTimer(keras.callbacks.Callback):
     self.timed: list[bool] = state.get("timed", [])  # False: a warm-up step.
     self.epoch_logs: dict[str, float] = state.get("epoch_logs", {})
     self.epochs_done: int = state.get("epochs_done", 0)
+    # Indices of the steps that began an epoch (their fetch may refill a shuffle
+    # buffer or restart the pipeline: a one-off wait, reported apart).
+    self.epoch_starts: list[int] = state.get("epoch_starts", [])
     self._first_here = len(self.durations_ms)
     self._t0 = 0.0
     self._wait = 0.0
@@ -55,7 +58,7 @@ class StepTimer(keras.callbacks.Callback):
   def state(self) -> dict[str, Any]:
     return {"durations_ms": self.durations_ms, "waits_ms": self.waits_ms,
             "timed": self.timed, "epoch_logs": self.epoch_logs,
-            "epochs_done": self.epochs_done}
+            "epochs_done": self.epochs_done, "epoch_starts": self.epoch_starts}
 
   @property
   def steps(self) -> int:
@@ -67,6 +70,9 @@ class StepTimer(keras.callbacks.Callback):
     batch = next(iterator)
     self._wait = time.perf_counter() - t
     return batch
+
+  def on_epoch_begin(self, epoch, logs=None):
+    self.epoch_starts.append(self.steps)
 
   def on_train_batch_begin(self, batch, logs=None):
     # A loop that fetched the batch before the step began (mpt.track's batches())
@@ -100,7 +106,9 @@ class StepTimer(keras.callbacks.Callback):
     return [self.durations_ms[i] for i in self._steady()]
 
   def stats(self) -> dict[str, Any]:
-    """Step-time percentiles and data-wait share over the steps after warm-up."""
+    """Step-time percentiles and the data wait over the steps after warm-up: its sum
+    share (total wait over total step time), and its typical share (the median step's
+    wait over its time) beside the waits a few fetches took at once (`wait_apart`)."""
     steady = self._steady()
     times = [self.durations_ms[i] for i in steady]
     waits = [self.waits_ms[i] for i in steady]
@@ -109,7 +117,22 @@ class StepTimer(keras.callbacks.Callback):
     p10, p90 = np.percentile(times, [10, 90])
     return {"median": statistics.median(times), "p10": float(p10), "p90": float(p90),
             "data_wait_ms_median": statistics.median(waits),
-            "data_wait_share": sum(waits) / sum(times)}
+            "data_wait_share": sum(waits) / sum(times),
+            "data_wait_share_median": statistics.median(
+                w / t for w, t in zip(waits, times) if t > 0) if any(times) else None,
+            **self._wait_apart(steady)}
+
+  def _wait_apart(self, steady: list[int]) -> dict[str, Any]:
+    """The waits of epoch-start fetches and of one-off long fetches (over 5x the
+    median wait and 1 ms) among the timed steps: count and total ms of each."""
+    waits = [self.waits_ms[i] for i in steady]
+    typical = statistics.median(waits)
+    starts = set(self.epoch_starts)
+    at_start = [self.waits_ms[i] for i in steady if i in starts]
+    one_off = [self.waits_ms[i] for i in steady if i not in starts
+               and self.waits_ms[i] > max(5 * typical, 1.0)]
+    return {"data_wait_epoch_starts": [len(at_start), round(sum(at_start), 3)],
+            "data_wait_one_off": [len(one_off), round(sum(one_off), 3)]}
 
 
 @dataclasses.dataclass

@@ -88,8 +88,8 @@ def layer_calls(model: keras.Model, x) -> tuple[list[Call], Any]:
 
 
 def input_shape(model: keras.Model) -> tuple | None:
-  """The model's input shape with its batch dimension (None, ...), or None if neither
-  its inputs nor its build tell it."""
+  """The model's (first) input shape with its batch dimension (None, ...), or None if
+  neither its inputs nor its build tell it."""
   inputs = getattr(model, "inputs", None)  # Functional and Sequential only.
   if inputs:
     return tuple(inputs[0].shape)
@@ -97,4 +97,69 @@ def input_shape(model: keras.Model) -> tuple | None:
   shape = (config or {}).get("input_shape")
   if shape and all(isinstance(d, (int, type(None))) for d in shape):
     return tuple(shape)
+  return None
+
+
+def has_call(model: keras.Model) -> bool:
+  """Whether the model can be called: a Functional or Sequential model, or a subclass
+  with its own call() (a GAN or a VAE that only holds its parts has none)."""
+  return getattr(model, "inputs", None) is not None or \
+      type(model).call is not keras.Model.call
+
+
+def parts(model: keras.Model) -> list[keras.Model]:
+  """The models a model with no call() holds (its generator and discriminator, its
+  encoder and decoder), nested ones found through those with no call of their own."""
+  found = []
+  for layer in model.layers:
+    if isinstance(layer, keras.Model):
+      found += [layer] if has_call(layer) else parts(layer)
+  return found
+
+
+def sample_input(model: keras.Model, batch: int = 2, seed: int = 0):
+  """An input the model can be called with, made from what it declares: its inputs'
+  structure (list, dict, nested), shapes and dtypes (strings, integers and floats), or
+  the shape it was built with; None when it declares neither. Unknown dimensions other
+  than the batch's are 8."""
+  declared = getattr(model, "input", None) if getattr(model, "inputs", None) else None
+  if declared is None:
+    shape = input_shape(model)
+    return None if shape is None else _tensor(shape, "float32", batch, seed)
+  return keras.tree.map_structure(
+      lambda t: _tensor(tuple(t.shape), t.dtype, batch, seed), declared)
+
+
+def _tensor(shape: tuple, dtype: str, batch: int, seed: int):
+  import tensorflow as tf  # Only where a model is called.
+  shape = (batch,) + tuple(8 if d is None else d for d in shape[1:])
+  dtype = keras.backend.standardize_dtype(dtype)
+  if dtype == "string":
+    return tf.fill(shape, "mpt sample text")
+  if dtype == "bool" or "int" in dtype:
+    return tf.zeros(shape, dtype)
+  return tf.cast(tf.random.stateless_uniform(shape, seed=(seed, 0)), dtype)
+
+
+def describe_inputs(x) -> dict[str, list]:
+  """Per-example shapes of an input structure, by input name (a dict's keys, a
+  list's positions, `input` for a single tensor)."""
+  leaves = keras.tree.flatten_with_path(x) if not hasattr(x, "shape") else [((), x)]
+  found = {}
+  for path, leaf in leaves:
+    if hasattr(leaf, "shape"):
+      name = "/".join(str(p) for p in path) or "input"
+      found[name] = [None if d is None else int(d) for d in tuple(leaf.shape)[1:]]
+  return found
+
+
+def image_size(inputs: dict[str, list]) -> int | None:
+  """The image size of a model fed one (height, width, channels) input of square
+  images with at most 4 channels; None for anything else (vectors, sequences,
+  several inputs)."""
+  if len(inputs) != 1:
+    return None
+  shape = next(iter(inputs.values()))
+  if len(shape) == 3 and shape[0] and shape[0] == shape[1] and (shape[2] or 0) <= 4:
+    return int(shape[0])
   return None

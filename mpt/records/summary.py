@@ -9,7 +9,9 @@ read back through mpt/records/typed.py.
 Old files read, by one set of rules in `upgrade()`: a file without a version is
 version 1 (its missing fields take the defaults below); version 2 added the version
 itself and `message`; version 3 named the policy verdict for what it holds
-(`policy_verdict`, written as `kernels` before). Keys a newer mpt wrote and this one
+(`policy_verdict`, written as `kernels` before); version 4 added `api` (which entry
+point made the run: a script's run was told by its dataset "user" before) and a
+script's `program` record. Keys a newer mpt wrote and this one
 does not know are dropped on reading.
 """
 
@@ -24,9 +26,10 @@ from mpt.records import typed
 from mpt.records.cost import Cost, OnednnChoice
 from mpt.records.machine import Hardware, Utilisation
 from mpt.records.memory import MemoryPlan
+from mpt.records.program import Program
 from mpt.records.verdict import PolicyChoice, PolicyVerdict
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 STATUSES = ("completed", "interrupted", "diverged", "oom", "failed")
 # Two runs are the same configuration, apart from their policy and loop, when these
 # fields are equal: a float32 run so is the baseline of a 16-bit one (the diagnosis'
@@ -44,6 +47,10 @@ class RunSummary:
   run_dir: str | None = None
   message: str | None = None  # Interrupted or diverged: what happened, what to do.
   stop_signal: str | None = None  # Interrupted by a signal: which (SIGTERM, SIGHUP, ...).
+  # Which entry point ran it: "cli" (python -m mpt: flags.txt replays it), or a
+  # script's "mpt.callbacks" / "mpt.track" (`program` says what it ran).
+  api: str = "cli"
+  program: Program | None = None
   # What ran.
   policy: str | None = None
   loop: str | None = None
@@ -52,7 +59,7 @@ class RunSummary:
   batchnorm: str = "keras"  # --batchnorm (files before it existed: Keras' layer)
   dataset: str | None = None
   data_source: str | None = None
-  image_size: int | None = None
+  image_size: int | None = None  # None: the inputs are not images (program.inputs).
   batch_size: int | None = None
   input_work: int = 0
   jit_compile: bool = False
@@ -78,7 +85,8 @@ class RunSummary:
   step_time_ms: Stats | None = None
   timed_steps: int = 0
   data_wait_share: float | None = None
-  images_per_sec: float | None = None
+  images_per_sec: float | None = None  # None where the inputs are not images.
+  examples_per_sec: float | None = None
   train_s: float = 0.0
   wall_s: float = 0.0
   # Results.
@@ -86,6 +94,9 @@ class RunSummary:
   train_accuracy: float | None = None
   val_loss: float | None = None
   val_accuracy: float | None = None
+  # Every figure of the last epoch's logs, by Keras' name (accuracy above is the one
+  # accuracy metric among them, whatever its name: binary_accuracy, acc, ...).
+  metrics: dict[str, float] = dataclasses.field(default_factory=dict)
   # Precision.
   loss_scale: float | None = None
   skipped_steps: int = 0
@@ -158,6 +169,12 @@ class RunSummary:
     return typed.from_dict(cls, upgrade(data), unknown)
 
   # Figures derived from the record, for every reader.
+  @property
+  def script(self) -> bool:
+    """A user's script made the run (mpt.callbacks, mpt.track): no flags.txt, and
+    advice speaks its API, not the command line's flags."""
+    return self.api != "cli"
+
   def speedup_vs(self, baseline: "RunSummary | None") -> float | None:
     """`baseline`'s ms/step over this run's: > 1 means this run is faster."""
     ms, base = self.ms_per_step, baseline.ms_per_step if baseline else None
@@ -191,6 +208,8 @@ def upgrade(data: dict[str, Any]) -> dict[str, Any]:
   version = data.setdefault("schema_version", 1)  # Written before the version existed.
   if version < 3 and "kernels" in data:  # The policy verdict's name before version 3.
     data["policy_verdict"] = data.pop("kernels")
+  if version < 4 and data.get("dataset") == "user":  # A script's run, before `api`.
+    data["api"] = "mpt.track" if data.get("loop") == "custom" else "mpt.callbacks"
   if not data.get("hardware"):  # Versions 1-2 wrote {} when nothing was recorded.
     data.pop("hardware", None)
   return data

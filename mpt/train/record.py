@@ -46,10 +46,11 @@ def _memory(plan: MemoryPlan | None) -> MemoryPlan | None:
 
 
 def figures(timer: instrument.StepTimer, batch_size: int, flops_per_step: int | None,
-            compute_dtype: str,
-            optimizer: keras.optimizers.Optimizer | None) -> dict[str, Any]:
+            compute_dtype: str, optimizer: keras.optimizers.Optimizer | None,
+            images: bool = True) -> dict[str, Any]:
   """The RunSummary fields measured by the step timer and the optimizer, with the FLOP
-  rate they give against the machine's peak for `compute_dtype`."""
+  rate they give against the machine's peak for `compute_dtype` (`images`: whether
+  an example is an image, for images/s)."""
   stats, logs = timer.stats(), timer.epoch_logs
   ms = stats["median"]
   achieved = summary_lib.achieved_gflops(flops_per_step, ms)
@@ -58,15 +59,40 @@ def figures(timer: instrument.StepTimer, batch_size: int, flops_per_step: int | 
       epochs_completed=timer.epochs_done, steps=timer.steps,
       warmup_steps=timer.warmup_steps,
       ms_per_step=ms, step_time_ms=stats, timed_steps=len(timer.steady()),
-      images_per_sec=batch_size / ms * 1e3 if ms else None,
+      images_per_sec=batch_size / ms * 1e3 if ms and images else None,
+      examples_per_sec=batch_size / ms * 1e3 if ms else None,
       train_s=sum(timer.durations_ms) / 1e3,
-      train_loss=logs.get("loss"), train_accuracy=logs.get("accuracy"),
-      val_loss=logs.get("val_loss"), val_accuracy=logs.get("val_accuracy"),
+      train_loss=logs.get("loss"), train_accuracy=accuracy(logs),
+      val_loss=logs.get("val_loss"),
+      val_accuracy=accuracy({k[4:]: v for k, v in logs.items() if k.startswith("val_")}),
+      metrics=_numbers(logs),
       loss_scale=precision.loss_scale(optimizer) if optimizer else None,
       skipped_steps=precision.skipped_steps(optimizer, timer.steps) if optimizer else 0,
       flops_per_step=flops_per_step, achieved_gflops=achieved,
       peak_gflops=peak, peak_source=peak_source,
       mfu=achieved / peak if achieved and peak else None)
+
+
+def accuracy(logs: dict[str, Any]) -> float | None:
+  """The run's accuracy among an epoch's logs, whatever Keras named it ("accuracy",
+  "acc", "binary_accuracy", "sparse_categorical_accuracy", ...): the one such figure;
+  None where there is none, or several (one per output) and none is the model's."""
+  if logs.get("accuracy") is not None:
+    return float(logs["accuracy"])
+  found = [v for k, v in logs.items() if k == "acc" or
+           (k.endswith("accuracy") and not k.startswith("val_") and "/" not in k)]
+  return float(found[0]) if len(found) == 1 else None
+
+
+def _numbers(logs: dict[str, Any]) -> dict[str, float]:
+  """The figures among an epoch's logs (a loop may log anything)."""
+  found = {}
+  for key, value in logs.items():
+    try:
+      found[str(key)] = float(value)
+    except (TypeError, ValueError):
+      continue
+  return found
 
 
 def software() -> dict[str, Any]:

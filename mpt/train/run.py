@@ -34,11 +34,11 @@ import tensorflow as tf
 from mpt import config
 from mpt import injection
 from mpt.measure import memory
-from mpt.records import runs as runs_lib
 from mpt.records.rundir import AfterRun
 from mpt.records.summary import RunSummary
 from mpt.train import callbacks as callbacks_lib
 from mpt.train import checkpoint
+from mpt.train import ending
 from mpt.train import guards
 from mpt.train import loops
 from mpt.train import record
@@ -159,18 +159,14 @@ def finish(run: Run, cbs: RunCallbacks, status: str, message: str | None,
           "the run ran: no summary.json or diagnosis written", file=sys.stderr, flush=True)
     cbs.writer.close()
     return summary
-  cbs.writer.write_final(summary.to_dict())
-  summary.write(run.out_dir / "summary.json")
+
+  def announce():  # Between the record and the diagnosis: the stop handlers go.
+    cbs.stop.uninstall()
+    ending.say(message, status)
+
   chief = run.dist.is_chief
-  if chief:  # Its line in <logdir>/runs.csv, whatever the status.
-    runs_lib.record(summary)
-  cbs.stop.uninstall()
-  if message and status != "failed":
-    print(message, file=sys.stderr if status == "oom" else sys.stdout, flush=True)
-  if after_run and chief and status != "failed":  # A traceback says enough.
-    text = after_run(run.run_dir)
-    if text:
-      cbs.writer.text("diagnosis/report", text)
+  ending.close(summary, run.out_dir, cbs.writer, after_run, chief=chief,
+               announce=announce)
   cbs.writer.close()
   if not chief:
     shutil.rmtree(run.out_dir, ignore_errors=True)
@@ -182,12 +178,4 @@ def _say_done(run: Run, status: str, summary: RunSummary) -> None:
   """The run's last lines: where it is, its headline figures, how to look at it."""
   dist = run.dist
   where = run.run_dir if dist.is_chief else f"{dist.task} (the chief wrote the outputs)"
-  parts = [f"mpt: {status}: {where}", f"{summary.steps} steps"]
-  if summary.ms_per_step:
-    parts.append(f"{summary.ms_per_step:.1f} ms/step")
-  if summary.val_accuracy is not None:
-    parts.append(f"val_accuracy {summary.val_accuracy:.3f}")
-  parts.append(f"wall {summary.wall_s:.0f} s")
-  print(", ".join(parts), flush=True)
-  if dist.is_chief:
-    print(f"mpt: look: tensorboard --logdir {run.cfg.logdir}", flush=True)
+  ending.say_done(summary, where, run.cfg.logdir if dist.is_chief else None)

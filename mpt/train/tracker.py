@@ -12,15 +12,20 @@
 The loop gets what a `python -m mpt.main --loop=custom` run has: mpt's step timer (the
 step's result is read back before the clock stops, so the time covers the device's
 work), the same TensorBoard tags, the loss scale and skipped steps of a Keras 3
-`LossScaleOptimizer` (`optimizer`), the run folder (summary.json, dtypes.json,
-flags.txt, runs.csv) and the diagnosis at the end. The same callbacks as
-`mpt.callbacks` drive it (mpt/train/library.py), called the way Keras' `fit` calls
-them. A loop that raises is recorded as `interrupted` up to its last step, and the
-error goes on; a loop that never called the step is a UserError, with nothing written
-beyond the run folder's flags.
+`LossScaleOptimizer` (`optimizer`: one, or several as a tuple: a GAN's two), the run
+folder (summary.json, dtypes.json, runs.csv) and the diagnosis at the end. `model` may
+be several models trained together (a tuple: a GAN's generator and discriminator),
+each inspected. The step may return anything: a dict, a tuple, a nest of tensors and
+Python numbers; every leaf is read back (so the time covers the device's work) and the
+scalars are logged by their path (`d_loss`, `output_0`, `losses/kl`). The same
+callbacks as `mpt.callbacks` drive it (mpt/train/library.py), called the way Keras'
+`fit` calls them, best effort: mpt never ends the loop it measures. A loop that
+raises is recorded as `interrupted` up to its last step, and the error goes on; a
+loop that never called the step is said in one line, with nothing written.
 """
 
 import functools
+import sys
 import time
 
 import keras
@@ -30,20 +35,28 @@ from mpt.errors import UserError
 from mpt.train import library
 
 
-def _materialised(logs) -> dict[str, float]:
-  """The step's result as floats (waits for the device's work): a dict of scalars, a
-  single scalar (the loss), or nothing."""
-  if logs is None:
+def _materialised(out) -> dict[str, float]:
+  """The step's result read back (waits for the device's work), its scalars as floats
+  by path: a single value is `loss`, a tuple's items `output_0`, `output_1`, ..., a
+  dict's by key, nested ones joined by "/"; non-scalars are read back, not logged."""
+  if out is None:
     return {}
-  if not isinstance(logs, dict):
-    logs = {"loss": logs}
+  leaves = [((), out)] if _leaf(out) else keras.tree.flatten_with_path(out)
   found = {}
-  for key, value in logs.items():
+  for path, value in leaves:
+    name = "/".join(f"output_{p}" if isinstance(p, int) and i == 0 else str(p)
+                    for i, p in enumerate(path)) or "loss"
     try:
-      found[key] = float(np.asarray(value))
-    except (TypeError, ValueError):  # A non-scalar: read back, not logged.
-      np.asarray(value)
+      array = np.asarray(value)
+      if array.size == 1 and array.dtype.kind in "fiub":
+        found[name] = float(array.reshape(()))
+    except (TypeError, ValueError):  # Not a number: nothing to log.
+      continue
   return found
+
+
+def _leaf(value) -> bool:
+  return not isinstance(value, (dict, list, tuple))
 
 
 class Tracker:
@@ -52,11 +65,12 @@ class Tracker:
   def __init__(self, run_dir: str, model: keras.Model, *, batch_size: int,
                optimizer: keras.optimizers.Optimizer | None = None,
                input_shape: tuple | None = None, after_run=None, **options):
-    self.model = model
-    opts = library.Options(batch_size, "custom", input_shape, optimizer)
-    cbs = library.callbacks(run_dir, opts, after_run=after_run, **options)
-    self.counter, self.timer, self.folder = cbs[0], cbs[1], cbs[-1]
-    self.callbacks = keras.callbacks.CallbackList(cbs, model=model)
+    models = tuple(model) if isinstance(model, (list, tuple)) else (model,)
+    self.model = models[0]
+    opts = library.Options(batch_size, "custom", input_shape, optimizer, models)
+    cbs, self.folder = library.make(run_dir, opts, after_run=after_run, **options)
+    self.counter, self.timer = cbs[0], self.folder.timer
+    self.callbacks = keras.callbacks.CallbackList(cbs, model=self.model)
     self.epoch, self.open, self.last_logs = 0, False, {}
     self.folder.not_measured["data_wait"] = (
         "the loop fetched its batches itself (iterate run.batches(dataset) to time them)")
@@ -74,9 +88,12 @@ class Tracker:
         raise UserError("mpt.track: a tracked step was called outside `with run:`; "
                         "enter the run first (it opens the run folder)")
       batch = self.counter.done
+      if args:  # The inspection's real batch, where it fits the model.
+        self.folder.keep(args[0])
       self.callbacks.on_train_batch_begin(batch)
       out = fn(*args, **kwargs)
-      self.last_logs = _materialised(out)
+      self.last_logs = self.folder.parts.attempt("timer", _materialised, out,
+                                                 default={})
       self.callbacks.on_train_batch_end(batch, self.last_logs)
       return out
     return tracked
@@ -84,6 +101,7 @@ class Tracker:
   def batches(self, iterable):
     """`iterable`'s elements, each fetch timed as the next step's data wait."""
     self.folder.not_measured.pop("data_wait", None)
+    self.callbacks.on_epoch_begin(self.epoch)  # Its first fetch begins an epoch.
     iterator = iter(iterable)
     while True:
       t = time.perf_counter()
@@ -97,7 +115,8 @@ class Tracker:
   def end_epoch(self, logs: dict | None = None) -> None:
     """An epoch ends: its metrics (`loss`, `accuracy`, `val_loss`, ...; floats or
     scalars) go to the train/ and eval/ tags and summary.json."""
-    logs = {**self.last_logs, **_materialised(logs)}
+    logs = {**self.last_logs,
+            **self.folder.parts.attempt("timer", _materialised, logs, default={})}
     self.callbacks.on_epoch_end(self.epoch, logs)
     self.epoch += 1
 
@@ -105,10 +124,10 @@ class Tracker:
     self.open = False
     if self.timer.steps == 0:
       self.folder.close_unused()
-      if kind is None:
-        raise UserError("mpt.track: the loop never called the tracked step (wrap it: "
-                        "step = run.step(train_step), then call step(...)); nothing "
-                        "was measured, no summary.json written")
+      if kind is None:  # Said, not raised: the program goes on after its loop.
+        print("mpt: mpt.track: the loop never called the tracked step (wrap it: "
+              "step = run.step(train_step), then call step(...)); nothing was "
+              "measured, no summary.json written", file=sys.stderr, flush=True)
       return
     self.folder.status = "completed" if kind is None else "interrupted"
     self.callbacks.on_train_end()

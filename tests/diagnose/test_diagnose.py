@@ -116,7 +116,7 @@ def test_healthy_runs_get_no_false_alarm(runs, name):
   report = diagnose.diagnose_run(runs / name)
   assert report["findings"] == [], report["findings"]
   # A CPU run has no GPU capture: the GPU checks are left out, not clear.
-  gpu_checks = {n for n, need in detectors.NEEDS.items() if need == "gpu trace"}
+  gpu_checks = {n for n, need in detectors.NEEDS.items() if need in ("gpu trace", "program")}
   assert set(report["checked_clear"]) == set(detectors.DETECTORS) - gpu_checks
   assert "No findings" in diagnose_report.format_report(report)
 

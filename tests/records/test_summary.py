@@ -16,6 +16,7 @@ import pytest
 from mpt.errors import UserError
 from mpt.records import summary as summary_lib
 from mpt.records import typed
+from mpt.records.program import Fit, OptimizerRecord, Program
 from mpt.records.machine import Hardware, Stat, Utilisation
 from mpt.records.memory import Estimate, Line, MemoryPlan
 from mpt.records.summary import RunSummary
@@ -72,14 +73,26 @@ def full_summary() -> RunSummary:
                         900.0, None, 1.1),
       util=Utilisation(Stat(150.0, 199.0), Stat(80.0, 100.0)),
       hardware=typed.from_dict(Hardware, {"cpu": "x", "cpu_count": 2, "gpus": [
-          {"name": "A100", "compute_capability": [8, 0]}], "tf32": True}))
+          {"name": "A100", "compute_capability": [8, 0]}], "tf32": True}),
+      api="mpt.callbacks", metrics={"loss": 0.5, "binary_accuracy": 0.75},
+      program=Program("mpt.callbacks", "mixed_float16", 32, [Fit(3, 10, 30, 3)], [
+          OptimizerRecord("lso", "LossScaleOptimizer", "Adam", 1e-3, 32768.0, 0, 30,
+                          True, True)], {"features/age": [1]}, ["net"]))
+
+
+def test_a_script_run_before_version_4_is_told_by_its_dataset():
+  old = {"schema_version": 3, "status": "completed", "dataset": "user", "loop": "custom"}
+  assert RunSummary.from_dict(old).api == "mpt.track"
+  assert RunSummary.from_dict({**old, "loop": "fit"}).api == "mpt.callbacks"
+  cli = RunSummary.from_dict({**old, "dataset": "synthetic"})
+  assert cli.api == "cli" and not cli.script
 
 
 def test_a_whole_summary_survives_the_file_unchanged(tmp_path):
   s = full_summary()
   s.write(tmp_path / "summary.json")
   written = json.loads((tmp_path / "summary.json").read_text())
-  assert written["schema_version"] == summary_lib.SCHEMA_VERSION == 3
+  assert written["schema_version"] == summary_lib.SCHEMA_VERSION == 4
   assert "kernels" not in written and written["policy_verdict"]["evidence"] == "cost"
   # The estimate writes its derived totals for readers of the file, as before.
   assert written["memory"]["estimate"]["total_mb"] == round(s.memory.estimate.total_mb, 1)

@@ -7,7 +7,8 @@ runs, in what order, and which finding supersedes which.
   speed.py      the measured speed against the runs next to it, the oneDNN setting
   timing.py     the run's own step timing and the utilisation sampler
   shapes.py     the model's layers (dtypes.json) beside the trace
-  precision.py  the loss scale and the memory estimate
+  precision.py  the loss scale (and a script's loss never scaled), the memory
+                estimate
   gpu.py        a GPU capture's kernels: Tensor Cores used or not, the bound on
                 mixed_float16's gain, memory-bound ops, a GPU waiting on the host
 
@@ -38,6 +39,7 @@ def _on_gpu(rule: Callable[[GpuEvidence], Finding | None]):
 DETECTORS: dict[str, Callable[[Evidence], Finding | None]] = {
     "slow_kernel": kernels.slow_kernel, "hardware": kernels.hardware,
     "opportunity": kernels.opportunity, "loss_scale": precision.loss_scale,
+    "loss_never_scaled": precision.loss_never_scaled,
     "input_bound": timing.input_bound, "low_utilisation": timing.low_utilisation,
     "shared_machine": timing.shared_machine, "misaligned": shapes.misaligned,
     "float32_work": shapes.float32_work, "batchnorm_cost": shapes.batchnorm_cost,
@@ -60,8 +62,10 @@ SUPERSEDED_BY = {
 # Detectors that need a file the run may lack (a --noinstrument run has no dtypes, a
 # CPU run no GPU capture).
 NEEDS = {"misaligned": "dtypes.json", "float32_work": "dtypes.json",
-         "batchnorm_cost": "dtypes.json", **{name: "gpu trace" for name in gpu.RULES}}
+         "batchnorm_cost": "dtypes.json", "loss_never_scaled": "program",
+         **{name: "gpu trace" for name in gpu.RULES}}
 _HAS = {"dtypes.json": lambda ev: ev.dtypes is not None,
+        "program": lambda ev: ev.summary.program is not None,
         "gpu trace": lambda ev: ev.gpu is not None}
 
 

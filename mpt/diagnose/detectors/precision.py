@@ -36,6 +36,26 @@ def loss_scale(ev: Evidence) -> Finding | None:
                  f"loss", evidence, step, ["loss scale"])
 
 
+def loss_never_scaled(ev: Evidence) -> Finding | None:
+  """A script's loss-scaling optimizer applied gradients whose loss it never scaled
+  (its scale_loss() never called): each update is divided by the loss scale."""
+  bad = [o for o in ev.summary.program.stepped() if o.scale_loss_called is False]
+  if not bad:
+    return None
+  evidence = [f"{o.name} ({o.cls}{' over ' + o.inner if o.inner else ''}): apply() "
+              f"ran ({o.updates} updates) while scale_loss() was never called, so its "
+              f"loss scale {o.loss_scale or 0:g} divides every gradient: each update "
+              f"reaches the update at 1/{o.loss_scale or 0:g} of its size (Adam's normalised step hides much of that; SGD's would not train)" for o in bad]
+  return Finding(
+      "loss_never_scaled", "high", 1.0, "float16 loss never scaled",
+      "a loss-scaling optimizer applied gradients while its scale_loss() was never "
+      "called", evidence,
+      "scale the loss inside the tape and take the gradients of the scaled loss: "
+      "scaled = optimizer.scale_loss(loss); grads = tape.gradient(scaled, variables); "
+      "optimizer.apply(grads, variables) (it unscales them and skips non-finite "
+      "steps)", ["loss scale"])
+
+
 def memory_estimate(ev: Evidence) -> Finding | None:
   """The preflight's memory estimate and the measured peak disagree by more than
   MEMORY_DISAGREEMENT: the largest-batch advice before the next run is that far off."""

@@ -10,30 +10,56 @@ from mpt.diagnose.thresholds import (ACHIEVED_VS_MICROBENCH, INPUT_WAIT_SHARE,
                                      OTHERS_SHARE, SMALL_STEP_MS, UTILISATION)
 
 
+def typical_wait(s) -> float | None:
+  """The data-wait share of a typical step: the median step's (runs before mpt
+  recorded it: the sum share)."""
+  median = (s.step_time_ms or {}).get("data_wait_share_median")
+  return median if median is not None and s.data_wait_share is not None \
+      else s.data_wait_share
+
+
+def _wait_lines(s, share: float) -> list[str]:
+  """The data wait in words: the typical step's, the sum's, the one-off fetches."""
+  stats = s.step_time_ms or {}
+  wait = stats.get("data_wait_ms_median")
+  of_step = (f" ({wait:.1f} ms of a {s.ms_per_step:.1f} ms step)"
+             if wait is not None and s.ms_per_step else "")
+  if stats.get("data_wait_share_median") is None:  # A run before mpt recorded it.
+    return [f"{share:.1%} of step time waiting for the next batch"
+            + of_step.replace(" (", " (median ", 1)]
+  lines = [f"the median step waits {share:.1%} of its time for the next batch{of_step}"]
+  if s.data_wait_share is not None and abs(s.data_wait_share - share) >= 0.01:
+    apart = [f"{n} {what} ({ms:.0f} ms)" for what, (n, ms) in (
+        ("epoch-start fetches", stats.get("data_wait_epoch_starts") or (0, 0)),
+        ("one-off long fetches", stats.get("data_wait_one_off") or (0, 0))) if n]
+    lines.append(f"summed over all steps {s.data_wait_share:.1%}"
+                 + (f", of which {' and '.join(apart)}" if apart else ""))
+  return lines
+
+
 def input_bound(ev: Evidence) -> Finding | None:
   s = ev.summary
-  share = s.data_wait_share
+  share = typical_wait(s)
   if share is None or share < INPUT_WAIT_SHARE:
     return None
-  wait = (s.step_time_ms or {}).get("data_wait_ms_median")
-  evidence = [f"{share:.1%} of step time waiting for the next batch"
-              + (f" (median {wait:.1f} ms of a {s.ms_per_step:.1f} ms step)"
-                 if wait is not None and s.ms_per_step else "")]
+  evidence = _wait_lines(s, share)
   busy, what = s.busy()
   based_on = ["step timing"]
   if busy is not None:
     evidence.append(f"{what}: {busy:.0%}")
     based_on.append("utilisation")
-  if ev.flags.input_work:
+  if ev.flags and ev.flags.input_work:
     step = f"drop --input_work={ev.flags.input_work} (the per-example blur passes it adds)"
-  elif ev.flags.cache == "none":
+  elif ev.flags and ev.flags.cache == "none":
     step = "--cache=memory (decoding and resizing run every epoch otherwise)"
   else:
     step = ("move per-example work out of the training stream (precompute it, or "
             "cache after it), or give the input pipeline its own cores")
   return Finding("input_bound", "high" if share >= 2 * INPUT_WAIT_SHARE else "medium",
                  share, "input bound: steps wait for data",
-                 f"data-wait share >= {INPUT_WAIT_SHARE:.0%} of step time",
+                 f"a typical step's data-wait share >= {INPUT_WAIT_SHARE:.0%} of its time"
+                 if (s.step_time_ms or {}).get("data_wait_share_median") is not None
+                 else f"data-wait share >= {INPUT_WAIT_SHARE:.0%} of step time",
                  evidence, step, based_on)
 
 
@@ -42,12 +68,12 @@ def low_utilisation(ev: Evidence) -> Finding | None:
   steps) or ops that do not use the device fully (long steps)."""
   s = ev.summary
   busy, what = s.busy()
-  share = s.data_wait_share or 0.0
+  share = typical_wait(s) or 0.0
   if busy is None or busy >= UTILISATION or share >= INPUT_WAIT_SHARE:
     return None
   if (s.others() or 0.0) >= OTHERS_SHARE:
     return None  # Not idle: other processes had the cores (see `shared_machine`).
-  ms, jit = s.ms_per_step or 0.0, ev.flags.jit_compile
+  ms, jit = s.ms_per_step or 0.0, bool(ev.flags and ev.flags.jit_compile)
   evidence = [f"{what}: {busy:.0%} while waiting for data only {share:.1%} of the time",
               f"{ms:.1f} ms/step at batch {s.batch_size}"
               + (f", {s.flops_per_step / 1e9:.2f} GFLOP per step"
