@@ -48,6 +48,8 @@ def for_api(text: str | None, api: str) -> str | None:
 
 
 def flags_left(text: str) -> list[str]:
-  """The command-line flags `text` still names, other than --mode= and --run=."""
+  """The command-line flags `text` still names outside a whole `python -m mpt ...`
+  command (which anyone can run), other than --mode= and --run=."""
+  text = re.sub(r"python -m mpt(\.main)?[^`;)\n]*", "", text)
   return [m.group(0) for m in re.finditer(r"--[a-z][a-z0-9_]*=?", text)
           if not KEPT.match(text, m.start())]

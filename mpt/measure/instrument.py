@@ -54,6 +54,7 @@ class StepTimer(keras.callbacks.Callback):
     self._t0 = 0.0
     self._wait = 0.0
     self.pending_wait = 0.0
+    self._begin = None
 
   def state(self) -> dict[str, Any]:
     return {"durations_ms": self.durations_ms, "waits_ms": self.waits_ms,
@@ -79,11 +80,17 @@ class StepTimer(keras.callbacks.Callback):
     # left its wait here.
     self._wait, self.pending_wait = self.pending_wait, 0.0
     self._t0 = time.perf_counter()
+    self._begin = batch
 
   def on_train_batch_end(self, batch, logs=None):
-    self.durations_ms.append((time.perf_counter() - self._t0) * 1e3)
-    self.waits_ms.append(self._wait * 1e3)
-    self.timed.append(self.steps - self._first_here > self.warmup_steps)
+    # Keras' fit with steps_per_execution=N calls the hooks once per N steps (begin
+    # and end named by their first and last step): each gets an equal share.
+    n = steps_in_call(self._begin, batch)
+    ms = (time.perf_counter() - self._t0) * 1e3 / n
+    for i in range(n):
+      self.durations_ms.append(ms)
+      self.waits_ms.append(self._wait * 1e3 if i == 0 else 0.0)
+      self.timed.append(self.steps - self._first_here > self.warmup_steps)
 
   def rewarm(self) -> None:
     """The next `warmup_steps` steps are warm-up again (a new `fit` of the same run
@@ -133,6 +140,14 @@ class StepTimer(keras.callbacks.Callback):
                and self.waits_ms[i] > max(5 * typical, 1.0)]
     return {"data_wait_epoch_starts": [len(at_start), round(sum(at_start), 3)],
             "data_wait_one_off": [len(one_off), round(sum(one_off), 3)]}
+
+
+def steps_in_call(begin, end) -> int:
+  """The train steps one pair of batch hooks covers: 1, or end - begin + 1 where Keras
+  runs several steps per call (`steps_per_execution`)."""
+  if isinstance(begin, int) and isinstance(end, int) and end >= begin:
+    return end - begin + 1
+  return 1
 
 
 @dataclasses.dataclass

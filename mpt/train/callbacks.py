@@ -47,12 +47,13 @@ class StepCounter(keras.callbacks.Callback):
   def __init__(self, start_step: int):
     super().__init__()
     self.done = self.current = start_step
+    self._begin = None
 
   def on_train_batch_begin(self, batch, logs=None):
-    self.current = self.done + 1
+    self.current, self._begin = self.done + 1, batch
 
   def on_train_batch_end(self, batch, logs=None):
-    self.done += 1
+    self.done += instrument.steps_in_call(self._begin, batch)
 
 
 @dataclasses.dataclass

@@ -32,6 +32,7 @@ import keras
 import numpy as np
 
 from mpt.errors import UserError
+from mpt.train import besteffort
 from mpt.train import library
 
 
@@ -109,8 +110,12 @@ class Tracker:
         batch = next(iterator)
       except StopIteration:
         return
-      self.timer.pending_wait = time.perf_counter() - t
+      self.folder.parts.attempt("data_wait", self._waited, time.perf_counter() - t)
       yield batch
+
+  def _waited(self, seconds: float) -> None:
+    besteffort.inject("data_wait")
+    self.timer.pending_wait = seconds
 
   def end_epoch(self, logs: dict | None = None) -> None:
     """An epoch ends: its metrics (`loss`, `accuracy`, `val_loss`, ...; floats or
@@ -122,7 +127,7 @@ class Tracker:
 
   def __exit__(self, kind, error, tb) -> None:
     self.open = False
-    if self.timer.steps == 0:
+    if self.counter.done == 0:
       self.folder.close_unused()
       if kind is None:  # Said, not raised: the program goes on after its loop.
         print("mpt: mpt.track: the loop never called the tracked step (wrap it: "

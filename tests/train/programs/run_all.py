@@ -67,7 +67,8 @@ def run_one(name: str, out_dir: pathlib.Path) -> dict:
 
 def main(argv: list[str]) -> int:
   if not argv or argv[0].startswith("-"):
-    print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
+    print("usage: python tests/train/programs/run_all.py OUT_DIR [name ...]",
+          file=sys.stderr)
     return 2
   os.environ.setdefault("KERAS_BACKEND", "tensorflow")  # Before Keras is imported.
   out_dir = pathlib.Path(argv[0]).resolve()
