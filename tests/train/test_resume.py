@@ -33,7 +33,7 @@ KILLS = [
 # runs, or between a run and its resumed twin by design.
 NOT_COMPARED = {
     "run_dir", "resumed", "checkpoint", "wall_s", "train_s", "ms_per_step",
-    "step_time_ms", "images_per_sec", "timed_steps", "data_wait_share",
+    "step_time_ms", "images_per_sec", "examples_per_sec", "timed_steps", "data_wait_share",
     "achieved_gflops", "mfu", "achieved_vs_microbench", "util", "checkpoint_ms",
     "memory"}
 
