@@ -99,3 +99,41 @@ def test_a_subclassed_twin_reads_like_the_functional_model():
   for key in ("forward_flops_per_example", "flops_share_16bit", "params",
               "gradient_dtypes", "misaligned_layers", "float32_layers"):
     assert mine[key] == theirs[key], key
+
+
+def test_models_as_researchers_write_them():
+  """Several inputs (a dict with string and integer features, a nested list), and a
+  model with no call() that holds its parts: each is inspected on inputs made from
+  what it declares, its input shapes recorded as they are."""
+  import keras
+  text = keras.Input((), dtype="string", name="review")
+  ids = keras.Input((None,), dtype="int32", name="ids")
+  price = keras.Input((3,), name="price")
+  vectorize = keras.layers.TextVectorization(max_tokens=20, output_sequence_length=5)
+  vectorize.adapt(["a b c", "d e"])
+  h = keras.layers.Concatenate()([
+      keras.layers.GlobalAveragePooling1D()(keras.layers.Embedding(30, 4)(vectorize(text))),
+      keras.layers.GlobalAveragePooling1D()(keras.layers.Embedding(30, 4)(ids)), price])
+  tabular = keras.Model({"review": text, "ids": ids, "price": price},
+                        keras.layers.Dense(1)(h), name="tabular")
+  report = inspect.inspect_model(tabular)
+  assert report["inputs"] == {"ids": [8], "price": [3], "review": []}
+  assert {"TextVectorization", "Embedding", "Dense"} <= {r["class"] for r in report["layers"]}
+
+  a, b = keras.Input((2,)), keras.Input((3,))
+  nested = keras.Model([a, [b]], keras.layers.Dense(1)(keras.layers.Concatenate()([a, b])))
+  assert inspect.inspect_model(nested)["inputs"] == {"0": [2], "1/0": [3]}
+
+  class Gan(keras.Model):  # No call(): a generator and a discriminator.
+    def __init__(self):
+      super().__init__(name="gan")
+      self.generator = keras.Sequential([keras.Input((4,)), keras.layers.Dense(6)],
+                                        name="g")
+      self.discriminator = keras.Sequential([keras.Input((6,)), keras.layers.Dense(1)],
+                                            name="d")
+
+  gan = inspect.inspect_model(Gan())
+  assert gan["parts"] == ["g", "d"] and gan["params"] == 4 * 6 + 6 + 6 + 1
+  assert [(r["name"].split("/")[0], r["class"]) for r in gan["layers"]] == \
+      [("g", "Dense"), ("d", "Dense")]
+  assert gan["inputs"] == {"g/input": [4], "d/input": [6]}

@@ -239,3 +239,19 @@ def test_user_run_folder_is_never_overwritten(tmp_path):
   (tmp_path / "summary.json").write_text("{}")
   with pytest.raises(FileExistsError, match="already holds a run"):
     mpt.callbacks(str(tmp_path), batch_size=8)
+
+
+def test_a_step_may_return_any_nest():
+  """mpt.track reads back every leaf of whatever the step returned and logs its
+  scalars by path (a tuple failed in np.asarray before)."""
+  import numpy as np
+  import tensorflow as tf
+  from mpt.train.tracker import _materialised
+  images = tf.zeros((2, 4, 4, 1))
+  assert _materialised((tf.constant(0.5), 2.0, images)) == {"output_0": 0.5,
+                                                            "output_1": 2.0}
+  assert _materialised({"d": {"loss": tf.constant(1.5)}, "n": np.int64(3),
+                        "text": "x"}) == {"d/loss": 1.5, "n": 3.0}
+  assert _materialised(tf.constant(0.25)) == {"loss": 0.25}
+  assert _materialised([tf.constant([1.0])]) == {"output_0": 1.0}
+  assert _materialised(None) == {}
