@@ -23,7 +23,7 @@ from mpt.diagnose import detectors
 from mpt.diagnose import evidence
 from mpt.diagnose import profile
 from mpt.diagnose import report
-from mpt.diagnose import speech
+from mpt import speech
 from mpt.diagnose import sweep as diagnose_sweep
 from mpt.diagnose.options import DiagnoseOptions
 from mpt.diagnose.findings import rank

@@ -42,10 +42,12 @@ class Fit:
 @dataclasses.dataclass
 class Program:
   """The program's run: which entry point, its fits, batch, policy, optimizers and
-  inputs (per-example shapes by input name, as fed)."""
+  inputs (per-example shapes by input name: as fed where mpt saw a batch, else as
+  the model declares them)."""
   api: str = "mpt.callbacks"
   policy: str | None = None
-  batch_size: int | None = None
+  batch_size: int | None = None  # The batch fed (its first).
+  batch_size_given: int | None = None  # What mpt was told, where it differed.
   fits: list[Fit] = dataclasses.field(default_factory=list)
   optimizers: list[OptimizerRecord] = dataclasses.field(default_factory=list)
   inputs: dict[str, list] = dataclasses.field(default_factory=dict)

@@ -4,12 +4,10 @@
   model.fit(train, epochs=3, validation_data=val,
             callbacks=mpt.callbacks("logs/my_run", batch_size=32))
 
-The callbacks give the run folder what a training run of `python -m mpt.main` has:
-the same TensorBoard tags (train/ eval/ per epoch; perf/ precision/ util/ every
-`log_every` steps; final/ at the end), the HParams session, dtypes.json from the
-model's dtype inspection, summary.json (mpt/records/summary.py, with `program`: what
-the script ran, mpt/records/program.py; no flags.txt, which would claim a replay) so
-that the diagnosis and `--mode=compare` read it like any run. Any Keras model:
+The run folder gets what a run of `python -m mpt.main` has (the same TensorBoard tags,
+HParams, dtypes.json, summary.json with `program`: what the script ran,
+mpt/records/program.py; no flags.txt, which would claim a replay), so that the
+diagnosis and `--mode=compare` read it like any run. Any Keras model:
 Functional, Sequential or subclassed, several inputs (list, dict, nested; strings and
 integers too), or a model with no call() that holds its parts (a GAN, a VAE: each
 part inspected). The inspection runs after the first step, on the first real batch
@@ -27,6 +25,7 @@ callbacks from a user's own loop.
 
 import dataclasses
 import pathlib
+import sys
 import time
 
 import keras
@@ -112,7 +111,8 @@ class RunFolder(keras.callbacks.Callback):
     if first:
       self.parts.attempt("writer", self.writer.write_opening, self._opening())
       self.verdict = self.parts.attempt("verdict", precision.check_speed,
-                                        self._policy().name, self._layer_classes())
+                                        self._policy().name, self._layer_classes(),
+                                        None, self.opts.api)
     else:
       self.timer.rewarm()
     if self.opts.loop == "fit":
@@ -147,16 +147,35 @@ class RunFolder(keras.callbacks.Callback):
     self.program.fits[-1].epochs_completed += 1
 
   def _inspect(self) -> None:
-    x = None
-    if self.batch is not None and len(self.models) == 1:
-      x = keras.utils.unpack_x_y_sample_weight(self.batch)[0] \
+    fed = None
+    if self.batch is not None:
+      fed = keras.utils.unpack_x_y_sample_weight(self.batch)[0] \
           if self.opts.loop == "fit" else self.batch
-    self.report = self._report(x)
+      self._fed(fed)
+    self.report = self._report(fed if len(self.models) == 1 else None)
     files.write_json(self.run_dir / "dtypes.json", self.report)
     print(dtypes_lib.one_line(self.report), flush=True)
     self.writer.text("inspect/dtypes", dtypes_lib.format_table(self.report, True))
+    if "parts" in self.report:  # Which part runs how often in a step is the program's.
+      self.not_measured["flops"] = (
+          f"{self.name} trains several models in one step; how often each runs "
+          "forward and backward is the program's own, so no FLOP count is claimed")
+      return
     self.writer.sources.flops_per_step = dtypes_lib.train_step_flops(
         self.report, self.opts.batch_size)
+
+  def _fed(self, x) -> None:
+    """What the program fed (its inputs' shapes), and its batch checked against the
+    one given to mpt: the figures per example follow the batch fed."""
+    self.program.inputs = observe.describe_inputs(x)
+    leaves = [t for t in keras.tree.flatten(x) if hasattr(t, "shape") and len(t.shape)]
+    real = int(leaves[0].shape[0]) if leaves and leaves[0].shape[0] else None
+    if real and real != self.opts.batch_size:
+      print(f"mpt: {self.opts.api}: batch_size={self.opts.batch_size} given, but the "
+            f"first batch fed has {real} examples: the figures per example use {real}",
+            file=sys.stderr, flush=True)
+      self.program.batch_size_given = self.opts.batch_size
+      self.opts.batch_size = self.writer.batch_size = self.program.batch_size = real
 
   def _report(self, x):
     """The dtype report: on the real batch where it fits the model, else on the
@@ -182,14 +201,12 @@ class RunFolder(keras.callbacks.Callback):
     what = f"fit {fits}" if self.opts.loop == "fit" and fits > 1 else ""
     ending.say_done(summary, self.run_dir, self.run_dir.parent, what)
 
-  def close_unused(self) -> None:
-    """The run ends before its first step: nothing to record."""
+  def close_unused(self) -> None:  # The run ended before its first step.
     if self.sampler:
       self.parts.attempt("sampler", self.sampler.stop)
     self.parts.attempt("writer", self.writer.flush)
 
-  def _policy(self) -> keras.DTypePolicy:
-    return keras.mixed_precision.global_policy()
+  _policy = staticmethod(keras.mixed_precision.global_policy)
 
   def _layer_classes(self) -> list[str]:
     return [c for m in self.models for c in precision.layer_classes(m)]
@@ -207,7 +224,7 @@ class RunFolder(keras.callbacks.Callback):
     fit = self.program.fits[-1] if self.program.fits else None
     if fit is not None:
       fit.steps = self.timer.steps - sum(f.steps for f in self.program.fits[:-1])
-    inputs = (self.report or {}).get("inputs") or {}
+    inputs = self.program.inputs or (self.report or {}).get("inputs") or {}
     return dataclasses.replace(
         self.program, policy=self._policy().name, inputs=inputs,
         models=[m.name for m in self.models],
@@ -232,6 +249,7 @@ class RunFolder(keras.callbacks.Callback):
         dataset="user", batchnorm="keras", image_size=image_size,
         batch_size=self.opts.batch_size, compute_dtype=policy.compute_dtype,
         variable_dtype=policy.variable_dtype, epochs=timer.epochs_done,
+        steps_per_epoch=program.fits[-1].steps_per_epoch if program.fits else None,
         checkpoints=False,
         data_wait_share=None if "data_wait" in self.not_measured
         else stats.get("data_wait_share"),
@@ -256,8 +274,9 @@ def make(run_dir: str, opts: Options, *, warmup_steps: int = 5, log_every: int =
   backend_check(opts.api)
   folder = pathlib.Path(run_dir).expanduser()
   if (folder / "summary.json").exists():
-    raise FileExistsError(f"{folder} already holds a run (summary.json); "
-                          "give a new folder")
+    raise FileExistsError(f"{folder} already holds a run (summary.json); give a new "
+                          "folder (several fits of one run: make the list once and "
+                          "pass it to each fit)")
   if profile_steps is not None and (len(profile_steps) != 2 or
                                     not warmup_steps < profile_steps[0] <= profile_steps[1]):
     raise UserError(f"{opts.api}: profile_steps={profile_steps!r} must be (first, last) "

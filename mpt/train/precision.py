@@ -10,6 +10,7 @@ float32's range and needs no loss scaling.
 
 import keras
 
+from mpt import speech
 from mpt.machine import fastpath
 from mpt.machine import hardware
 from mpt.machine import kernels
@@ -35,8 +36,8 @@ def layer_classes(model: keras.Model) -> list[str]:
   return [type(layer).__name__ for layer in fused_bn.all_layers(model)]
 
 
-def check_speed(policy: str, layer_classes,
-                cost: Cost | None = None) -> PolicyVerdict:
+def check_speed(policy: str, layer_classes, cost: Cost | None = None,
+                api: str = "cli") -> PolicyVerdict:
   """The measured verdict on `policy` for a model with these layers, on this machine
   (mpt/machine/fastpath.py); prints ONE warning when it is slow, before step 1.
 
@@ -63,6 +64,7 @@ def check_speed(policy: str, layer_classes,
     print(f"mpt: note: {note}", flush=True)
   if found.text:
     found.text += f" ({found.contradicts})" if found.contradicts else ""
+    found.text = speech.for_api(found.text, api)  # A script's run: its API's words.
     print(f"WARNING: {found.text}", flush=True)  # Once: not also through absl's log.
   return found
 

@@ -113,7 +113,10 @@ def test_mirrored_on_two_logical_cpus_matches_one_device(tiny, loop, policy):
   # Instrumentation and dtype inspection under the strategy: global images/sec,
   # the same tags as on one device, the policy's dtypes in the report.
   assert two["images_per_sec"] == pytest.approx(8 / two["ms_per_step"] * 1e3)
-  assert set(read_scalars(two["run_dir"])) == set(read_scalars(one["run_dir"]))
+  # (util/ tags come from a sampler ticking every second: a run of a few steps may
+  # end before its first tick on one side only, so they are left out.)
+  tags = lambda run: {t for t in read_scalars(run) if not t.startswith("util/")}
+  assert tags(two["run_dir"]) == tags(one["run_dir"])
   report = json.loads(open(f"{two['run_dir']}/dtypes.json").read())
   assert report["policy"] == policy and report["gradients_match_variables"]
   if policy == "mixed_float16":

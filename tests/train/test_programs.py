@@ -16,7 +16,7 @@ import sys
 import pytest
 
 from helpers import ROOT
-from mpt.diagnose import speech
+from mpt import speech
 from mpt.records import summary as summary_lib
 
 pytestmark = pytest.mark.slow

@@ -89,3 +89,19 @@ def test_a_float16_loss_never_scaled_is_a_high_finding(tmp_path, scales):
     assert "1/32768" in finding["evidence"][0]
   else:
     assert "loss_never_scaled" in diagnosis["checked_clear"]
+
+
+def test_the_batch_fed_wins_over_the_batch_given(tmp_path, capsys):
+  """mpt.callbacks(batch_size=64) on a fit of batch 4: said, and the figures per
+  example use the batch fed (they were 16x too high)."""
+  from mpt.records import summary as summary_lib
+  model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+  model.compile("sgd", "mse")
+  model.fit(np.ones((16, 3)), np.ones((16, 1)), batch_size=4, epochs=1, verbose=0,
+            callbacks=mpt.callbacks(str(tmp_path / "r"), batch_size=64, warmup_steps=1,
+                                    sample_every=None, diagnose=False))
+  s = summary_lib.read(tmp_path / "r" / "summary.json")
+  assert (s.batch_size, s.program.batch_size, s.program.batch_size_given) == (4, 4, 64)
+  assert s.examples_per_sec == pytest.approx(4 / s.ms_per_step * 1e3)
+  assert "batch_size=64 given, but the first batch fed has 4 examples" in \
+      capsys.readouterr().err

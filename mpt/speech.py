@@ -17,6 +17,7 @@ _RULES = (
      "mpt.models.fused_bn.FusedBatchNormalization in place of your BatchNormalization "
      "layers"),
     (r"--profile_steps=A,B", "profile_steps=(A, B) in {api}(...)"),
+    (r"with the same flags and ", "with the same script and "),
     (r"--batch_size=(\d+)", r"a batch size of \1"),
     (r"--batch_size", "the batch size"),
     (r"--jit_compile", "XLA (model.compile(..., jit_compile=True), or "
