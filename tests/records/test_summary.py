@@ -75,9 +75,11 @@ def full_summary() -> RunSummary:
       hardware=typed.from_dict(Hardware, {"cpu": "x", "cpu_count": 2, "gpus": [
           {"name": "A100", "compute_capability": [8, 0]}], "tf32": True}),
       api="mpt.callbacks", metrics={"loss": 0.5, "binary_accuracy": 0.75},
-      program=Program("mpt.callbacks", "mixed_float16", 32, [Fit(3, 10, 30, 3)], [
-          OptimizerRecord("lso", "LossScaleOptimizer", "Adam", 1e-3, 32768.0, 0, 30,
-                          True, True)], {"features/age": [1]}, ["net"]))
+      program=Program(
+          api="mpt.callbacks", policy="mixed_float16", batch_size=32, batch_size_given=64,
+          fits=[Fit(3, 10, 30, 3)], optimizers=[OptimizerRecord(
+              "lso", "LossScaleOptimizer", "Adam", 1e-3, 32768.0, 0, 30, True, True)],
+          inputs={"features/age": [1]}, models=["net"]))
 
 
 def test_a_script_run_before_version_4_is_told_by_its_dataset():
