@@ -18,6 +18,7 @@ mpt/flagvalues.py.
 import dataclasses
 from typing import Any
 
+from mpt import modelnames
 from mpt.errors import UserError
 from mpt.flagvalues import parse_list
 
@@ -228,6 +229,7 @@ def validate(cfg: Any) -> Any:
                       f"{cfg.loss_scale!r}") from None
   if not cfg.dataset:
     raise UserError("--dataset is empty; use synthetic, folder:PATH or a TFDS name")
+  modelnames.check(cfg.model)
   return cfg
 
 

@@ -160,8 +160,7 @@ def main(argv: list[str], supervise: bool = False) -> int:
     print(f"mpt: error: unexpected arguments {argv[1:]}; flags look like "
           "--name=value", file=sys.stderr)
     return 2
-  opts = {cls: cls(**{f.name: getattr(FLAGS, f.name) for f in config.fields(cls)})
-          for cls in OPTIONS}
+  opts = options()
   cfg = opts[config.Config]
   if cfg.resume:
     extra = sorted(name for name in ["mode"] + [f.name for f in all_fields()]
@@ -173,6 +172,7 @@ def main(argv: list[str], supervise: bool = False) -> int:
   if supervise and FLAGS.mode == "train" and not supervisor.supervised():
     from mpt.train import onednn_choice  # Imports no TensorFlow: the child will.
     try:
+      config.validate(cfg)  # Before any child (the oneDNN choice's, the run's) starts.
       child_env = onednn_choice.for_child(cfg)
     except UserError as e:
       print(f"mpt: error: {e}", file=sys.stderr)
@@ -190,6 +190,12 @@ def main(argv: list[str], supervise: bool = False) -> int:
     print("mpt: interrupted", file=sys.stderr)
     return errors.stopped_by("SIGINT")
   return exit_status(summary)
+
+
+def options() -> dict:
+  """The parsed flags as each mode's options dataclass, keyed by its class."""
+  return {cls: cls(**{f.name: getattr(FLAGS, f.name) for f in config.fields(cls)})
+          for cls in OPTIONS}
 
 
 def exit_status(result: dict) -> int:

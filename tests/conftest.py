@@ -15,6 +15,14 @@ The suite reads no fact of the host it could get wrong on another machine:
 - The kernel's OOM-kill counters are a file of this session (`MPT_OOM_KILLS`), which
   only an injected `kill` fault counts in: another process of the host being
   OOM-killed cannot turn a test's SIGKILL into an OOM, nor the reverse.
+- The memory the preflight takes as available is a fixed 64 GiB stand-in
+  (`MPT_AVAILABLE_MB`), never the host's free RAM: a batch-1024 run is not refused on
+  a smaller host; tests of the refusal set their own figure.
+- The goldens of tests/diagnose/test_golden.py are compared, never rewritten, unless
+  `pytest --write-goldens` asks (then each is rewritten and skipped): an
+  `MPT_GOLDEN=write` left in the shell cannot turn the comparison into a pass.
+- Child processes import this checkout's mpt wherever they run (`PYTHONPATH` starts
+  with it), never an mpt installed from another clone.
 - After each test the global precision policy is float32 again, op determinism is off
   and os.environ is the session's, whatever the test did; child processes a test
   started are killed.
@@ -34,9 +42,17 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # (TF_ENABLE_ONEDNN_OPTS is left as it is: =0 runs the suite on TF's Eigen kernels,
 # as on a CPU where TF leaves its oneDNN rewrite off.)
 for leak in ("MPT_INJECT_FAULT", "TF_CONFIG", "MPT_CPUINFO", "MPT_CACHE",
-             "MPT_ONEDNN_CHOICE"):
+             "MPT_ONEDNN_CHOICE", "MPT_GOLDEN"):
   os.environ.pop(leak, None)  # A user's setting must not steer the tests.
 os.environ["MPT_COST"] = "none"
+# Room for every run of the suite (the largest, batch 1024 at 32 px, estimates under
+# 2 GiB), whatever the host has free.
+os.environ["MPT_AVAILABLE_MB"] = str(64 * 1024)
+# A child started outside the repository (a user's script in its own folder) would
+# otherwise import whichever mpt is installed, and the test check that one.
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(pathlib.Path(__file__).resolve().parent.parent)] +
+    [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
 
 import keras
 import pytest
@@ -65,6 +81,10 @@ def pytest_addoption(parser):
       "--cpuinfo", default=DEFAULT_CPUINFO,
       help="the recorded /proc/cpuinfo that stands in for the host's during the run "
            f"(one of {', '.join(helpers.CPUINFO_FIXTURES)}), or 'host' for the real one")
+  parser.addoption(
+      "--write-goldens", action="store_true",
+      help="rewrite tests/data/golden/*.txt from the diagnosis as it is now (each "
+           "golden test then skips: read the diff before committing it)")
 
 
 def pytest_configure(config):
@@ -84,6 +104,8 @@ def pytest_configure(config):
   counters.write_text("oom_kill 0\n")
   os.environ["MPT_OOM_KILLS"] = str(counters)
   config.add_cleanup(lambda: shutil.rmtree(cache, ignore_errors=True))
+  if config.getoption("write_goldens"):  # The only way in: the import popped it.
+    os.environ["MPT_GOLDEN"] = "write"
 
 
 def pytest_report_header(config):

@@ -6,7 +6,8 @@ may import wings lazily, as main does, and mpt/__main__.py (`python -m mpt`) run
 The ground floor in floors, bottom up (GROUND_FLOORS); a module imports from its own
 floor or below, never above, and no two packages import each other:
 
-  1  errors, files, flagvalues, console, speech   (import nothing of mpt but errors)
+  1  errors, files, flagvalues, console, speech, modelnames
+                                         (import nothing of mpt but errors)
   2  config                               (a run's flags, the policy table)
   3  models, records                      (model builders; the typed files)
   4  measure, machine                     (what a step costs; what the machine is)
@@ -37,7 +38,8 @@ from helpers import ROOT
 
 PACKAGE = ROOT / "mpt"
 WINGS = {"train", "sweep", "diagnose", "microbench", "compare"}
-GROUND_FLOORS = (("errors", "files", "flagvalues", "console", "speech"), ("config",),
+GROUND_FLOORS = (("errors", "files", "flagvalues", "console", "speech", "modelnames"),
+                 ("config",),
                  ("models", "records"), ("measure", "machine"), ("supervisor",),
                  ("injection",))
 GROUND = {part for floor in GROUND_FLOORS for part in floor}

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -58,13 +59,37 @@ def with_tmp(args: list[str], tmp_path) -> list[str]:
   return [a.format(tmp=tmp_path) for a in args]
 
 
+# Python's site hook, first on PYTHONPATH: every interpreter started with it (children
+# inherit the variable) says it started, and, at its end, whether it loaded TensorFlow.
+PROCESS_SPY = """
+import atexit, os, sys
+def _say(what):
+  with open(os.environ["MPT_TEST_PROCESSES"], "a") as f:
+    f.write(f"{os.getpid()} {what}\\n")
+_say("started")
+atexit.register(lambda: _say(f"tensorflow={'tensorflow' in sys.modules}"))
+"""
+
+
 def test_bad_input_is_one_line_and_exit_2_from_a_real_process(tmp_path):
+  """On a CPU where TF leaves oneDNN off (the Zen 3's recorded cpuinfo), the run would
+  measure both settings in children first: a model name is refuted before any child
+  starts, and before TensorFlow loads."""
   args, words = BAD_INPUT[0]
-  proc = mpt(f"--data_dir={tmp_path}", f"--logdir={tmp_path}/logs", *args)
+  (tmp_path / "spy").mkdir()
+  (tmp_path / "spy" / "sitecustomize.py").write_text(PROCESS_SPY)
+  said = tmp_path / "processes.txt"
+  env = {**os.environ, "MPT_TEST_PROCESSES": str(said),
+         "PYTHONPATH": f"{tmp_path / 'spy'}:{os.environ['PYTHONPATH']}",
+         "MPT_CPUINFO": str(ROOT / "tests" / "data" / "cpuinfo" /
+                            "amd_epyc_zen3_dev_machine.txt")}
+  proc = mpt(f"--data_dir={tmp_path}", f"--logdir={tmp_path}/logs", *args, env=env)
   assert proc.returncode == 2, proc.stderr
   assert error_lines(proc.stderr) == [next(l for l in error_lines(proc.stderr)
                                            if l.startswith("mpt: error:"))]
   assert words in proc.stderr and "Traceback" not in proc.stderr
+  pid = said.read_text().split()[0]
+  assert said.read_text().splitlines() == [f"{pid} started", f"{pid} tensorflow=False"]
 
 
 @pytest.mark.parametrize("args,words", BAD_INPUT)
@@ -150,3 +175,33 @@ def test_help_lists_the_flags_without_importing_tensorflow(argv):
               if l.startswith("import time:")}
   assert "absl.flags" in imported and "mpt.config" in imported
   assert not {m for m in imported if m.split(".")[0] in ("tensorflow", "keras")}
+
+
+@pytest.mark.parametrize("flagfile", sorted((ROOT / "experiments").glob("*.flags")),
+                         ids=lambda p: p.name)
+def test_every_experiment_flagfile_replays_as_a_valid_run(flagfile):
+  """README's `--flagfile=experiments/*.flags`: each file parses with mpt's flags, each
+  mode's options pass their checks, and a sweep expands to the axes the file lists,
+  as many cells as its header promises."""
+  from mpt import config, main as mpt_main
+  from mpt.sweep import run as sweep_run
+  from mpt.sweep.options import SweepOptions
+  try:
+    mpt_main.FLAGS(["mpt", f"--flagfile={flagfile}"])
+    mode, opts = mpt_main.FLAGS.mode, mpt_main.options()
+  finally:
+    mpt_main.FLAGS.unparse_flags()
+  for values in opts.values():
+    config.validate(values)
+  text = flagfile.read_text()
+  assert f"--mode={mode}" in text or mode == "train"
+  if mode != "sweep":
+    return
+  cells = sweep_run.cells(opts[config.Config], opts[SweepOptions])
+  for name, (field, _) in sweep_run.AXES.items():
+    listed = re.search(rf"^--{name}=(.*)$", text, re.M)
+    if listed:  # Each listed value is a cell's, as the file spells it.
+      assert sorted({str(getattr(c, field)) for c in cells}) == \
+          sorted(listed[1].split(",")), name
+  said = re.search(r"\((\d+) cells", text)
+  assert said is None or len(cells) == int(said[1]), said

@@ -10,17 +10,14 @@ CPU-only box the GPU functions return empty lists, and code paths that need NVML
 degrade to "absent".
 """
 
-import math
 import os
-import pathlib
 import re
 
 from mpt import config
 from mpt import files
+from mpt.machine import cores
 from mpt.machine import isa
 from mpt.records.machine import Gpu, Hardware
-
-CGROUP = pathlib.Path("/sys/fs/cgroup")
 
 SIXTEEN = config.SIXTEEN  # The 16-bit policies and their dtype (mpt/config.py).
 
@@ -77,7 +74,7 @@ def fast_path(policy: str, flags: set[str], gpu_caps: list[tuple[int, int]],
 
 # TF 2.21's rule for its oneDNN rewrite on Linux x86 when TF_ENABLE_ONEDNN_OPTS is
 # unset (DefaultOneDnnPolicy in tensorflow/core/util/port.cc): CPUs with these features.
-# tests/machine/test_hardware.py checks it against TF's own answer on the host.
+# tests/train/test_keras_fit.py checks it against TF's own answer on the host.
 ONEDNN_DEFAULT_FLAGS = ("avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8",
                         "amx_bf16")
 
@@ -105,56 +102,16 @@ def gpu_names() -> list[str]:
   return [name for name, _ in _gpu_details()]
 
 
-def affinity() -> list[int]:
-  """The CPUs this process may run on (a SLURM cpuset, `taskset`, a container)."""
-  try:
-    return sorted(os.sched_getaffinity(0))
-  except (AttributeError, OSError):  # Not Linux.
-    return list(range(os.cpu_count() or 1))
-
-
-def cpu_quota(cgroup: pathlib.Path = CGROUP) -> float | None:
-  """The cgroup's CPU quota in cores (cgroup v2 cpu.max, v1 cpu.cfs_quota_us over
-  cpu.cfs_period_us), or None where there is none or it cannot be read."""
-  try:
-    lines = pathlib.Path("/proc/self/cgroup").read_text().splitlines()
-  except OSError:
-    return None
-  for line in lines:
-    _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
-    try:
-      if controllers == "":
-        quota, _, period = (cgroup / path.lstrip("/") / "cpu.max").read_text().partition(" ")
-      elif "cpu" in controllers.split(","):
-        base = cgroup / controllers / path.lstrip("/")
-        quota = (base / "cpu.cfs_quota_us").read_text()
-        period = (base / "cpu.cfs_period_us").read_text()
-      else:
-        continue
-    except OSError:
-      continue
-    if quota.strip() not in ("max", "-1") and float(period) > 0:
-      return float(quota) / float(period)
-  return None
-
-
-def usable_cores() -> int:
-  """The cores this process can use: its affinity mask, capped by a cgroup quota
-  (rounded up), not the host's count."""
-  quota = cpu_quota()
-  n = len(affinity())
-  return max(1, min(n, math.ceil(quota))) if quota else n
-
-
 def facts() -> Hardware:
   """What a diagnosis needs to know about the machine a run used (summary.json)."""
   import tensorflow as tf
   cpu = isa.detect()
   return Hardware(
-      cpu.name, usable_cores(), sorted(k for k, v in cpu.isa().items() if v),
+      cpu.name, cores.usable_cores(), sorted(k for k, v in cpu.isa().items() if v),
       [Gpu(name, list(cc) if cc else None) for name, cc in _gpu_details()],
       bool(tf.config.experimental.tensor_float_32_execution_enabled()),
-      host_cpu_count=os.cpu_count(), affinity_cpus=len(affinity()), cpu_quota=cpu_quota())
+      host_cpu_count=os.cpu_count(), affinity_cpus=len(cores.affinity()),
+      cpu_quota=cores.cpu_quota())
 
 
 def _gpu_details() -> list[tuple[str, tuple[int, int] | None]]:
@@ -173,10 +130,10 @@ def device_name() -> str:
   if gpus:
     details = tf.config.experimental.get_device_details(gpus[0])
     return f"GPU: {details.get('device_name', gpus[0].name)} (x{len(gpus)})"
-  usable, host = usable_cores(), os.cpu_count()
-  cores = f"{host} logical cores" if usable == host else \
+  usable, host = cores.usable_cores(), os.cpu_count()
+  count = f"{host} logical cores" if usable == host else \
       f"{usable} of {host} logical cores usable"
-  return f"CPU: {cpu_name()} ({cores})"
+  return f"CPU: {cpu_name()} ({count})"
 
 
 # Dense (no 2:4 sparsity) peak TFLOP/s per GPU from NVIDIA's data sheets, by model key

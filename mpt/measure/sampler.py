@@ -20,7 +20,7 @@ from absl import logging
 import psutil
 import tensorflow as tf
 
-from mpt.machine import hardware
+from mpt.machine import cores
 from mpt.records import typed
 from mpt.records.machine import Utilisation
 
@@ -76,7 +76,7 @@ class Sampler:
     this process uses, as CUDA_VISIBLE_DEVICES lists them (None: all)."""
     self.period_s = period_s
     self._process = psutil.Process()
-    self._cpus = hardware.affinity()
+    self._cpus = cores.affinity()
     if visible is FROM_ENV:
       visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     self._nvml, self._handles, self.gpu_absent = _open_nvml(nvml, visible)

@@ -25,6 +25,7 @@ from typing import Callable
 import keras
 
 from mpt import flagvalues
+from mpt import modelnames
 from mpt.errors import UserError
 from mpt.models import external
 
@@ -56,8 +57,7 @@ def get(name: str) -> Builder:
   if external.is_external(name):
     return external.resolve(name)
   if name not in _REGISTRY:
-    raise UserError(f"unknown --model={name!r}; valid: {', '.join(names())}, "
-                    "keras:NAME (keras.applications) or package.module:function")
+    raise UserError(modelnames.unknown(name, names()))
   return _REGISTRY[name]
 
 

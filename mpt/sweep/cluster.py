@@ -28,6 +28,7 @@ import os
 import pathlib
 import shutil
 import signal
+import sys
 import tarfile
 import tempfile
 import time
@@ -134,10 +135,14 @@ def _run_on_node(cfg, cell: Cell, timeout: float | None,
 
 def _granted() -> dict:
   """In a task: the GPUs and memory Ray reserved for it, as Cell fields."""
+  # Not in a Ray task (a test calls the task's function itself): nothing, and no Ray
+  # started here (asked outside a cluster, Ray starts one in this process).
+  ray = sys.modules.get("ray")  # A task's worker has imported it.
+  if ray is None or not ray.is_initialized():
+    return {}
   try:
-    import ray
     got = ray.get_runtime_context().get_assigned_resources()
-  except Exception:  # Not in a Ray task (a test calls the task's function itself).
+  except Exception:  # A driver, not a task.
     return {}
   return {"granted_gpus": got.get("GPU"),
           "granted_memory_mb": round(got["memory"] / requests.MB, 1)
@@ -184,6 +189,7 @@ def _submit_and_collect(ray, cfg, opts, todo, done, out):
   for cell in finished.values():
     planner.ended(cell)  # What they recorded of memory, for the rest.
   pending: dict = {}
+  stranded: set = set()  # Tasks whose machine had no node left at the last check.
 
   def submit(batch: list[Cell]) -> None:
     for cell in batch:  # Smallest batch first: the pilot of each group.
@@ -207,7 +213,7 @@ def _submit_and_collect(ray, cfg, opts, todo, done, out):
         submit(planner.ended(_record(ray, ref, pending.pop(ref), out, finished,
                                      shared is not None)))
       if not ready and opts.machines == "all":
-        for cell in _fail_stranded(ray, places, pending, out, finished):
+        for cell in _fail_stranded(ray, places, pending, out, finished, stranded):
           submit(planner.ended(cell))  # Its group's held cells: failed in turn.
   except KeyboardInterrupt as e:  # A stop signal: the running cells stop at a step.
     stopped = signal.Signals(getattr(e, "signum", signal.SIGINT)).name
@@ -238,17 +244,26 @@ def stop_tasks(ray, refs: list) -> None:
 
 
 def _fail_stranded(ray, places: dict, pending: dict, out: pathlib.Path,
-                   finished: dict) -> list[Cell]:
+                   finished: dict, stranded: set) -> list[Cell]:
   """The cells of a machine none of whose nodes is alive any more (Ray would keep
-  them waiting for it forever): cancelled, recorded as failed, and returned."""
-  alive, failed = {n["NodeID"] for n in ray.nodes() if n["Alive"]}, []
+  them waiting for it forever), found so at two checks in a row (`stranded` keeps
+  the first): cancelled, recorded as failed, and returned. One that was running
+  there has ended by then with Ray's own error for it ("node lost (...)", _record),
+  which the first check, as soon as Ray counts the node dead, could pre-empt."""
+  alive, failed, seen = {n["NodeID"] for n in ray.nodes() if n["Alive"]}, [], set()
   for ref, cell in list(pending.items()):
-    if not alive.intersection(places[cell.machine].nodes):
-      ray.cancel(ref, force=True)
-      del pending[ref]
-      failed.append(dataclasses.replace(
-          cell, status="failed", error=f"node lost: no node of {cell.machine} is left"))
-      _append(failed[-1], out, finished)
+    if alive.intersection(places[cell.machine].nodes):
+      continue
+    if ref not in stranded:
+      seen.add(ref)
+      continue
+    ray.cancel(ref, force=True)
+    del pending[ref]
+    failed.append(dataclasses.replace(
+        cell, status="failed", error=f"node lost: no node of {cell.machine} is left"))
+    _append(failed[-1], out, finished)
+  stranded.clear()
+  stranded.update(seen)
   return failed
 
 

@@ -54,10 +54,17 @@ def test_without_the_bfloat16_sibling_the_measured_float32_run_is_favoured(spr):
   assert "sibling run under float32 measured 68.8 ms/step" in found["next_step"]
 
 
-def test_a_run_under_3x_slower_keeps_the_general_advice(spr):
-  patch(spr / F16, ms_per_step=68.8 * 2.9)
+@pytest.mark.parametrize("times,named", [(2.9, False), (3.0, True)])
+def test_the_favoured_policy_is_named_from_3x_float32s_time(spr, times, named):
+  """The rule's edge (diagnosis.md, no speed-up: ">= 3x slower"), from both sides: at
+  exactly 3x float32's recorded step the favoured policy is named, below it the
+  general advice stays."""
+  f32_ms = json.loads((spr / F32 / "summary.json").read_text())["ms_per_step"]
+  patch(spr / F16, ms_per_step=f32_ms * times)
   found = top(spr / F16)
-  assert found["id"] == "no_speedup" and "--policy=" not in found["next_step"]
+  assert found["id"] == "no_speedup" and found["slowdown"] == pytest.approx(times)
+  assert ("--policy=mixed_bfloat16" in found["next_step"]) is named, found["next_step"]
+  assert ("--policy=" in found["next_step"]) is named, found["next_step"]
 
 
 def cost_verdict(policy: str, step_ms: dict) -> dict:

@@ -15,7 +15,6 @@ import pathlib
 import shutil
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -396,7 +395,6 @@ model.fit(x, y, batch_size=8, epochs=1, verbose=0,
 
 
 def test_a_plain_keras_scripts_profile_is_diagnosed(tmp_path):
-  started = time.time()
   logdir = tmp_path / "logs"
   made = subprocess.run([sys.executable, "-c", KERAS_SCRIPT, str(logdir)],
                         capture_output=True, text=True, timeout=120,
@@ -410,4 +408,3 @@ def test_a_plain_keras_scripts_profile_is_diagnosed(tmp_path):
   assert "Conv2D" in proc.stdout
   written = json.loads((logdir / "diagnosis.json").read_text())
   assert written["kind"] == "profile" and written["figures"]["capture"] == "CPU"
-  assert time.time() - started < 30

@@ -5,8 +5,8 @@ at capture time), a partial eight-GPU capture, bad input as one line; and xprof'
 converter in a child process that may die without taking the caller along."""
 
 import functools
-import os
 import sys
+import tempfile
 
 import pytest
 from xprof.protobuf import kernel_stats_pb2
@@ -221,14 +221,20 @@ ABORT = ("import os, sys; sys.stderr.write('F0101 00:00:00.0 1 x.cc:1] Check fai
          "plane != nullptr\\n'); sys.stderr.flush(); os.abort()")
 
 
-def test_a_converter_that_aborts_is_an_exception_not_a_dead_caller(monkeypatch):
+def test_a_converter_that_aborts_is_an_exception_not_a_dead_caller(monkeypatch,
+                                                                   tmp_path):
+  """The caller lives on (the abort is the child's), and the scratch copy of the
+  trace the child was given is gone, as after a conversion that worked."""
   monkeypatch.setattr(traces, "child_command", lambda: [sys.executable, "-c", ABORT])
+  monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # Where the scratch goes.
+  before = sorted(p.name for p in (CAPTURES / "p4_alexnet").iterdir())
   with pytest.raises(traces.ConverterError) as e:
     traces.tool_data(trace("p4_alexnet"), "kernel_stats", quiet=True)
   assert "signal SIGABRT" in str(e.value) and "Check failed" in str(e.value)
   with pytest.raises(errors.UserError, match="converter died .* SIGABRT"):
     gpu_profile.read(trace("p4_alexnet"))
-  assert os.getpid()  # Still here.
+  assert list(tmp_path.iterdir()) == []
+  assert sorted(p.name for p in (CAPTURES / "p4_alexnet").iterdir()) == before
 
 
 def test_a_converter_past_its_time_is_stopped(monkeypatch):

@@ -1,22 +1,20 @@
 """Where mpt's CPU facts come from, and the peak and device name built on them (the
-per-cycle rule itself: test_microbench); GPU data-sheet peaks by exact model; the
-measured ceilings that judge a peak estimate; the GPU kernel table from xprof."""
+per-cycle rule itself: test_microbench); the usable cores beside the host's in the
+device name and summary.json (how they are counted: test_cores.py); GPU data-sheet
+peaks by exact model; TF's default for its oneDNN rewrite on recorded CPUs. The
+measured ceilings are in test_ceilings.py, xprof's kernel table in
+test_gpu_kernels.py."""
 
-import json
 import os
 import pathlib
 
 import pytest
 
-from mpt.machine import ceilings
-from mpt.machine import gpu_kernels
+from mpt.machine import cores
 from mpt.machine import hardware
 from mpt.machine import isa
 
-from helpers import CPUINFO, CPUINFO_FIXTURES, DATA
-
-SPR_MICROBENCH = DATA / "microbench" / "intel_spr_amx_microbench.json"
-GPU = DATA / "gpu"
+from helpers import CPUINFO, CPUINFO_FIXTURES
 
 
 @pytest.mark.parametrize("name", CPUINFO_FIXTURES)
@@ -32,9 +30,6 @@ def test_mpt_cpuinfo_stands_in_for_the_host(monkeypatch, name):
   peak, source = hardware.peak_gflops("float32")
   expected = isa.peak_gflops(recorded, "float32")
   assert (peak, source) == (expected["gflops"], f"estimate: {expected['assumptions']}")
-  # The session hides GPUs (conftest.py), so the device is the stand-in CPU.
-  assert hardware.device_name() == (
-      f"CPU: {recorded.name} ({os.cpu_count()} logical cores)")
 
 
 @pytest.mark.skipif(not pathlib.Path("/proc/cpuinfo").is_file(),
@@ -52,6 +47,31 @@ def test_an_unreadable_mpt_cpuinfo_falls_back_and_says_so(monkeypatch, tmp_path)
   cpu = isa.detect()
   assert f"{tmp_path / 'missing'} not readable" in cpu.source
   assert cpu.flags == isa.numpy_features()
+
+
+# --- Usable cores in the device name and the record (counted: test_cores.py) ---
+
+@pytest.mark.parametrize("usable,host,said", [
+    (8, 8, "8 logical cores"), (2, 8, "2 of 8 logical cores usable")])
+def test_the_device_name_says_the_usable_cores_beside_the_hosts(monkeypatch, usable,
+                                                                 host, said):
+  """Under taskset, `docker --cpus`, a Kubernetes CPU limit or a SLURM cpuset a run
+  has fewer cores than the host: the name says both counts."""
+  monkeypatch.setenv("MPT_CPUINFO", str(CPUINFO / "intel_spr_amx_recorded.txt"))
+  monkeypatch.setattr(cores, "usable_cores", lambda: usable)
+  monkeypatch.setattr(hardware.os, "cpu_count", lambda: host)
+  # The session hides GPUs (conftest.py), so the device is the stand-in CPU.
+  assert hardware.device_name() == f"CPU: Intel(R) Xeon(R) Processor ({said})"
+
+
+def test_the_hardware_record_keeps_each_count(monkeypatch):
+  """summary.json's `hardware`: the usable count beside what it came from."""
+  monkeypatch.setattr(cores, "affinity", lambda: [0, 1, 2, 3])
+  monkeypatch.setattr(cores, "cpu_quota", lambda: 1.5)
+  monkeypatch.setattr(hardware.os, "cpu_count", lambda: 64)
+  found = hardware.facts()
+  assert (found.cpu_count, found.affinity_cpus, found.cpu_quota,
+          found.host_cpu_count) == (2, 4, 1.5, 64)
 
 
 # --- GPU data sheets: the exact model, never a substring of another's name ---
@@ -126,132 +146,6 @@ def test_peak_gflops_on_a_gpu_machine_uses_the_data_sheet_for_every_gpu(monkeypa
   monkeypatch.setattr(tf.config.experimental, "get_device_details",
                       lambda device: {"device_name": "NVIDIA L40S"})
   assert hardware.peak_gflops("float16") == (2 * 362.05e3, "data sheet: L40S float16")
-
-
-# --- Ceilings: the best measured rate judges the estimate ---
-
-def test_recorded_sapphire_rapids_estimates_are_flagged_both_ways():
-  found = ceilings.ceilings(json.loads(SPR_MICROBENCH.read_text()))
-  f32, bf16, f16 = found["float32"], found["bfloat16"], found["float16"]
-  # float32: TensorFlow's conv2d beat the "theoretical peak" (the reported clock).
-  assert f32["verdict"] == "unreliable estimate" and f32["measured_share"] > 1
-  assert f32["practical_op"] == "conv2d" and "beats it" in f32["why"]
-  # bfloat16: AMX's 1024 multiply-adds/cycle are nowhere near reached (> 4x short).
-  assert bf16["verdict"] == "unreliable estimate" and bf16["measured_share"] < 0.25
-  assert "misses it by 5.7x" in bf16["why"]
-  assert f16["verdict"] == "plausible" and f16["practical_op"] == "matmul"
-  # Per op type, TensorFlow's best only (numpy's float32 matmul is not a TF rate).
-  assert f32["by_op"] == {"matmul": {"gflops": pytest.approx(340.63, abs=0.01),
-                                     "size": 2048},
-                          "conv2d": {"gflops": pytest.approx(348.36, abs=0.01),
-                                     "size": "8x56x56x64->64 k3"}}
-  assert f32["estimate_gflops"] == 332.8 and f32["device"] == "cpu"
-  assert "FLOP/cycle" in f32["estimate_source"]
-
-
-@pytest.mark.parametrize("estimate,measured,word", [
-    (100.0, 100.0, "plausible"), (100.0, 100.1, "unreliable estimate"),
-    (100.0, 25.0, "plausible"), (100.0, 24.9, "unreliable estimate"),
-    (None, 50.0, "no estimate"), (100.0, None, "not measured"),
-])
-def test_verdict_thresholds(estimate, measured, word):
-  assert ceilings.verdict(estimate, measured, "matmul")[0] == word
-
-
-def test_with_a_gpu_the_data_sheet_is_the_estimate():
-  results = {"gpus": [{"name": "NVIDIA L40S"}], "peak": {"bfloat16": {"gflops": 1.0}},
-             "throughput": [{"op": "matmul", "lib": "tensorflow", "dtype": "bfloat16",
-                             "size": 4096, "gflops": 250e3}]}
-  found = ceilings.ceilings(results)["bfloat16"]
-  assert found["estimate_gflops"] == pytest.approx(362.05e3) and found["device"] == "gpu"
-  assert found["estimate_source"] == "data sheet: L40S bfloat16"
-  assert found["verdict"] == "plausible"
-
-
-def test_results_without_measurements_have_no_ceilings():
-  assert ceilings.ceilings({}) == {}
-  found = ceilings.ceilings({"peak": {"float32": {"gflops": None, "assumptions": "x"}}})
-  assert found["float32"]["verdict"] == "not measured"
-  assert found["float32"]["practical_gflops"] is None
-
-
-# --- The GPU kernel table from xprof's kernel_stats ---
-
-@pytest.mark.parametrize("fixture", ["kernel_stats_synthetic.json",
-                                     "kernel_stats_synthetic.csv"])
-def test_kernel_stats_rows(fixture):
-  table = gpu_kernels.parse((GPU / fixture).read_bytes())
-  assert table["note"] is None
-  rows = {(r["op"], r["kernel"][:24]): r for r in table["rows"]}
-  assert len(table["rows"]) == 8
-  wgrad = rows[("gradient_tape/model/conv2d_1/Conv2D/Conv2DBackpropFilter",
-                "void cudnn::cnn::wgrad_a")]
-  assert (wgrad["dtype"], wgrad["ms"], wgrad["occurrences"]) == ("float16", 6.1204, 200)
-  assert wgrad["tensor_core_eligible"] is True and wgrad["tensor_core_used"] is False
-  assert [r["dtype"] for r in table["rows"]] == [
-      "float16", "float16", "float16", "float32", "bfloat16", "float16", "float32", None]
-  assert [r["op"] for r in table["rows"]][-2:] == [None, None]  # Not launched by an op.
-
-
-def test_kernel_stats_summary_names_the_ops_that_missed_tensor_cores():
-  table = gpu_kernels.parse((GPU / "kernel_stats_synthetic.json").read_text())
-  found = gpu_kernels.missed_tensor_cores(table["rows"])
-  assert found["kernel_ms"] == pytest.approx(19.07265)
-  assert [(m["op"], m["dtype"]) for m in found["missed"]] == [
-      ("gradient_tape/model/conv2d_1/Conv2D/Conv2DBackpropFilter", "float16"),
-      ("model/logits/MatMul", "float32")]
-  assert found["missed"][0]["share"] == pytest.approx(6.1204 / 19.07265)
-  assert found["missed_share"] == pytest.approx((6.1204 + 1.80025) / 19.07265)
-  assert found["missed"][1]["kernels"] == ["volta_sgemm_128x64_nn"]
-
-
-@pytest.mark.parametrize("kernel,op,dtype", [
-    ("ampere_bf16_s16816gemm_bf16_64x64_ldg8_f2f_stages_64x5_tn", "", "bfloat16"),
-    ("sm80_xmma_gemm_bf16bf16_bf16f32_f32_nn_n_tilesize96x64x32", "", "bfloat16"),
-    ("volta_h884gemm_64x64_ldg8_nn", "", "float16"),
-    ("turing_fp16_s1688cudnn_fp16_128x128_ldg8_relu_f2f_exp_small_nhwc_tn_v1", "",
-     "float16"),
-    ("sm80_xmma_fprop_implicit_gemm_tf32f32_tf32f32_f32_nhwckrsc_nhwc", "", "float32"),
-    ("cutlass_80_tensorop_s1688gemm_128x256_16x3_tn_align4", "", "float32"),
-    ("void implicit_convolve_sgemm<float, float, 128, 5, 5, 3, 3, 3, 1, false>", "",
-     "float32"),
-    # The op name, as a last resort.
-    ("redzone_checker", "model/float16_head/MatMul", "float16"),
-    ("redzone_checker", None, None),
-])
-def test_dtype_from_kernel_names(kernel, op, dtype):
-  assert gpu_kernels.dtype_of(kernel, op) == dtype
-
-
-@pytest.mark.parametrize("data,words", [
-    (None, "no kernel_stats output"), ("", "empty"), (b"  ", "empty"),
-    ("{", "not valid JSON"), ("{}", "no `cols`"), ([1, 2], "no `cols`"),
-    ("hello", "no kernel_name, total_duration_us"), (42, "no `cols`"),
-    ({"cols": [], "rows": 5}, "no kernel_name"), (b"\xff\xfe\x00", "not a kernel_stats"),
-])
-def test_kernel_stats_bad_input_is_a_note_never_a_crash(data, words):
-  table = gpu_kernels.parse(data)
-  assert table["rows"] == [] and words in table["note"]
-  summary = gpu_kernels.missed_tensor_cores(table["rows"])
-  assert summary["note"] == "no kernel time recorded" and summary["missed"] == []
-
-
-def test_kernel_stats_of_a_recorded_cpu_trace_is_empty_and_says_why():
-  table = gpu_kernels.parse((GPU / "kernel_stats_cpu_trace_recorded.json").read_bytes())
-  assert table["rows"] == [] and "no kernels" in table["note"]
-
-
-def test_kernel_stats_rows_with_bad_cells_are_skipped_and_counted():
-  cols = [{"id": "kernel_name"}, {"id": "total_duration_us"}]
-  table = gpu_kernels.parse({"cols": cols, "rows": [
-      {"c": [{"v": "volta_h884gemm"}, {"v": 10}]}, {"c": [{"v": "k"}, {"v": "x"}]}, 3]})
-  assert [r["kernel"] for r in table["rows"]] == ["volta_h884gemm"]
-  assert "1 row(s)" in table["note"]
-
-
-def test_a_trace_xprof_cannot_read_is_a_note(tmp_path):
-  table = gpu_kernels.from_trace(str(tmp_path / "missing.xplane.pb"))
-  assert table["rows"] == [] and table["note"]
 
 
 @pytest.mark.parametrize("cpuinfo,expect,word", [

@@ -188,15 +188,20 @@ def test_a_stand_in_table_and_none(monkeypatch, tmp_path):
 
 
 def test_a_real_probe_of_this_machine_fills_every_row():
-  # This host's kernels, whatever they are: the structure is checked, not the speed.
+  """This host's kernels, whatever they are: the rows and their times are checked, not
+  which kernel ran. A kernel may be "unknown": a oneDNN build that logs a layout
+  onednn.py does not read (the recorded logs above hold the parser to real ones)."""
   t = kernels.probe(repeats=1)
   assert "note" not in t, t.get("note")
   ops = {op for family in kernels.FAMILIES.values() for op in family}
   assert {(r["op"], r["dtype"]) for r in t["rows"]} == {
       (op, d) for op in ops for d in kernels.DTYPES if (op, d) != ("Cast", "float32")}
-  assert all(r["ms"] > 0 and r["impl"] and r["impl"] != "unknown" for r in t["rows"])
+  assert all(r["ms"] > 0 and r["impl"] for r in t["rows"])
   assert all(r["ratio"] == 1.0 for r in t["rows"] if r["dtype"] == "float32")
-  assert t["tf_version"] and t["cpu"]
+  assert all(r["ratio"] == pytest.approx(r["ms"] / row(t, r["op"], "float32")["ms"])
+             for r in t["rows"] if r["op"] != "Cast")
+  import tensorflow as tf
+  assert t["tf_version"] == tf.__version__ and t["cpu"]  # The child's TF is this one.
 
 
 def test_the_printed_table_marks_the_reference_kernel():

@@ -8,7 +8,7 @@ from mpt.measure import dtypes as inspect
 from mpt import models
 from mpt.train import precision
 
-from helpers import mpt_forked
+from helpers import mpt_forked, read_events
 
 SIXTEEN = {"float32": "float32", "mixed_float16": "float16",
            "mixed_bfloat16": "bfloat16"}
@@ -50,12 +50,22 @@ def test_observed_dtypes_of_the_seed_convnet(policy):
 
 
 def test_mode_inspect_runs_without_training(tmp_path):
+  """Its report, and nothing a training run leaves (docs/outputs.md): no data made,
+  no summary.json, flags.txt, checkpoints or diagnosis, no runs.csv line, and its
+  events file holds only the report's text, no step's scalar."""
   proc = mpt_forked("--mode=inspect", "--policy=mixed_bfloat16", "--image_size=48",
-                    f"--logdir={tmp_path}", "--run_name=i")
+                    f"--logdir={tmp_path}/logs", "--run_name=i",
+                    f"--data_dir={tmp_path}/data")  # Where training would make data.
   assert proc.returncode == 0, proc.stderr
   assert "compute dtype: bfloat16" in proc.stdout and "conv3" in proc.stdout
-  report = json.loads((tmp_path / "i" / "dtypes.json").read_text())
+  run = tmp_path / "logs" / "i"
+  report = json.loads((run / "dtypes.json").read_text())
   assert report["input_shape"] == [48, 48, 3] and report["policy"] == "mixed_bfloat16"
+  assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == ["i"]  # No runs.csv.
+  [events] = run.glob("events.out.tfevents.*")
+  assert {p.name for p in run.iterdir()} == {"dtypes.json", "memory.json", events.name}
+  assert set(read_events(run)) == {"inspect/dtypes"}
+  assert not (tmp_path / "data").exists()
 
 
 def test_a_subclassed_twin_reads_like_the_functional_model():

@@ -18,6 +18,13 @@ def test_unknown_model_lists_valid_names():
     models.get("nope")
 
 
+def test_the_names_checked_before_tensorflow_loads_are_the_registrys():
+  """mpt/modelnames.py reads the `@register` builders from source (a flag is checked
+  before any process starts); a builder registered another way would be missed."""
+  from mpt import modelnames
+  assert modelnames.builtin() == tuple(models.names())
+
+
 def test_unknown_option_lists_accepted_ones():
   with pytest.raises(UserError, match="no option 'width'; accepted: bn_momentum"):
     models.build("seed_convnet", (32, 32, 3), 10, width=2)

@@ -1,13 +1,17 @@
-"""`--mode=sweep --launcher=ray` on a real Ray cluster: two nodes of this machine on the
+"""`--mode=sweep --launcher=ray` on a real Ray cluster: nodes of this machine on the
 loopback interface (ray.cluster_utils.Cluster), each carrying its own machine label
 (`machine:alpha`, `machine:beta` custom resources), running real cells (child
 `python -m mpt.main` runs) as Ray tasks. Skipped where Ray is not installed (the
 `cluster` extra); CI installs it."""
 
+import contextlib
+import dataclasses
+import importlib.util
 import os
 import signal
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -20,12 +24,14 @@ from mpt.sweep import run as sweep
 from test_sweep import tiny_sweep
 from helpers import ROOT, TINY_FLAGS, wait_for
 
-# Ray's single-machine mode, before Ray is imported here: every server on loopback.
-os.environ[sweep_cluster.LOOPBACK_ENV] = "0"
-ray = pytest.importorskip("ray")
-cluster_utils = pytest.importorskip("ray.cluster_utils")
+# Found, not imported: Ray reads its loopback switch when imported (the fixture).
+if importlib.util.find_spec("ray") is None:
+  pytest.skip("Ray is not installed (the `cluster` extra)", allow_module_level=True)
 
 pytestmark = pytest.mark.slow
+# The tests of the module's cluster (`alpha`): under --dist=loadgroup they share one
+# worker, and so one cluster, not one per worker (other modes ignore the mark).
+ON_ALPHA = pytest.mark.xdist_group("ray_alpha")
 
 
 # Ray's logical memory of each node (what it lets its tasks reserve), set here so that
@@ -33,44 +39,96 @@ pytestmark = pytest.mark.slow
 ALPHA_MEMORY, BETA_MEMORY = 8 * 2**30, 200 * 2**20
 
 
-@pytest.fixture(scope="module")
-def two_machines():
-  """A head node `alpha` (one CPU, one GPU as far as Ray knows: none is used, the
-  cells find no GPU and train on the CPU) and a second node `beta` (one CPU)."""
-  # Ray checks a GPU count against the devices CUDA lets it see (the suite hides all).
+@contextlib.contextmanager
+def _node_env(**variables):
+  """The environment a node starts with, which its workers inherit: without the
+  session's OOM-kill counters, so that a cell sees them only as a real node's cell
+  would see its own, through its task (cluster.FORWARDED)."""
   with pytest.MonkeyPatch.context() as env:
-    env.setenv("CUDA_VISIBLE_DEVICES", "0")
-    cluster = cluster_utils.Cluster(
-        initialize_head=True, head_node_args={
-            "num_cpus": 1, "num_gpus": 1, "memory": ALPHA_MEMORY,
-            "include_dashboard": False, "resources": {"machine:alpha": 1}})
-  beta = cluster.add_node(num_cpus=1, memory=BETA_MEMORY,
+    env.delenv("MPT_OOM_KILLS", raising=False)
+    for name, value in variables.items():
+      env.setenv(name, value)
+    yield
+
+
+@pytest.fixture(scope="module")
+def alpha():
+  """The cluster: a head node `alpha` (one CPU, one GPU as far as Ray knows: none is
+  used, the cells find no GPU and train on the CPU). Each test adds the other nodes
+  it needs (`beta`) and removes them."""
+  with pytest.MonkeyPatch.context() as env:
+    # Ray's single-machine mode, every server on loopback: read by Ray when imported
+    # (this worker's Ray if imported already, else the import below) and by the
+    # nodes' processes.
+    env.setenv(sweep_cluster.LOOPBACK_ENV, "0")
+    from ray import cluster_utils
+    from ray._private import ray_constants
+    env.setattr(ray_constants, "ENABLE_RAY_CLUSTER", False)
+    # Ray checks a GPU count against the devices CUDA lets it see (the suite hides
+    # all): it sees an id, 99, which no CUDA device has, so a cell granted it trains
+    # on the CPU even on a GPU host.
+    with _node_env(CUDA_VISIBLE_DEVICES="99"):
+      cluster = cluster_utils.Cluster(
+          initialize_head=True, head_node_args={
+              "num_cpus": 1, "num_gpus": 1, "memory": ALPHA_MEMORY,
+              "include_dashboard": False, "resources": {"machine:alpha": 1},
+              # A killed node is counted dead after 3 missed health checks a second
+              # apart, not Ray's 5 three seconds apart: sooner, for the node-lost
+              # test's cells that wait for it.
+              "_system_config": {"health_check_period_ms": 1000,
+                                 "health_check_failure_threshold": 3}})
+    yield cluster
+    cluster.shutdown()
+
+
+@pytest.fixture
+def beta(alpha):
+  """A second node, `beta` (one CPU, no GPU), removed after the test (if the test has
+  not): the cluster is alpha alone again, Ray's own view included."""
+  with _node_env():
+    node = alpha.add_node(num_cpus=1, num_gpus=0, memory=BETA_MEMORY,
                           resources={"machine:beta": 1})
-  yield cluster, beta
-  cluster.shutdown()
+  yield node
+  if node in alpha.worker_nodes:
+    alpha.remove_node(node)
+  alpha.wait_for_nodes()  # No node the next test's sweep still sees alive.
 
 
-def test_a_sweep_runs_every_cell_on_each_machine_then_resumes(two_machines, tmp_path,
+@ON_ALPHA
+def test_a_sweep_runs_every_cell_on_each_machine_then_resumes(alpha, beta, tmp_path,
                                                               monkeypatch, capsys):
-  cluster, _ = two_machines
-  # On each machine batch 8 under mixed_bfloat16 runs out of memory (as injected); the
-  # injection reaches the nodes' cells through the task's environment.
-  monkeypatch.setenv("MPT_INJECT_FAULT", "oom:8/mixed_bfloat16")
+  # On each machine (the injection reaches the nodes' cells through the task's
+  # environment), before its first step: batch 8 under mixed_bfloat16 runs out of
+  # memory; float32 at 8 is SIGKILLed as the kernel's OOM killer does, counting it in
+  # the session's stand-in counters (which reach the node only with the task); and
+  # mixed_bfloat16 at 4 fails (a bug).
+  monkeypatch.setenv("MPT_INJECT_FAULT",
+                     "oom:8/mixed_bfloat16,kill:8/float32,fail:4/mixed_bfloat16")
   cfg, opts = tiny_sweep(tmp_path, batch_sizes="4,8", policies="float32,mixed_bfloat16",
-                         launcher="ray", ray_address=cluster.address, machines="all")
+                         launcher="ray", ray_address=alpha.address, machines="all")
   result = sweep.run(cfg, opts)
   out = sweep.sweep_dir(cfg, opts)
   rows = cells.read_csv(out / "sweep.csv")
-  assert len(rows) == 8 and result["cells"] == 8 and main.exit_status(result) == 0
+  assert len(rows) == 8 and result["cells"] == 8
+  assert result["cells_not_completed"] == 1 and main.exit_status(result) == 6
   by = {(r.machine, r.batch_size, r.policy): r for r in rows}
   assert len(by) == 8
-  # Alpha: every cell ran (the injected OOM recorded as OOM). Beta: its pilot ran; the
-  # others' estimates exceed the memory beta offers: predicted, not started.
+  # Alpha: every cell ran, each ending as injected. Beta: its pilot ran; the others'
+  # estimates exceed the memory beta offers: predicted, not started.
+  alpha_ends = {(4, "float32"): "ok", (4, "mixed_bfloat16"): "failed",
+                (8, "float32"): "OOM", (8, "mixed_bfloat16"): "OOM"}
   assert {k: r.status for k, r in by.items()} == {
-      ("alpha", b, p): "OOM" if (b, p) == (8, "mixed_bfloat16") else "ok"
+      ("alpha", b, p): alpha_ends[b, p]
       for b in (4, 8) for p in ("float32", "mixed_bfloat16")} | {
       ("beta", b, p): "ok" if (b, p) == (4, "float32") else "OOM (predicted)"
       for b in (4, 8) for p in ("float32", "mixed_bfloat16")}
+  # The SIGKILL told apart by the counters read on its node: an OOM, not a kill from
+  # outside.
+  assert by["alpha", 8, "float32"].error.startswith(
+      "mpt: oom: the training process died of SIGKILL while training: the kernel "
+      "counted an OOM kill")
+  assert by["alpha", 4, "mixed_bfloat16"].error == (
+      "RuntimeError: injected failure (MPT_INJECT_FAULT=fail:4/mixed_bfloat16)")
   ran = [r for r in rows if r.status != "OOM (predicted)"]
   for r in ran:  # Each run folder came back from its node, under the sweep folder.
     assert r.run_dir == str(out / "cells" / r.id) and r.id.endswith(f"_on_{r.machine}")
@@ -94,29 +152,47 @@ def test_a_sweep_runs_every_cell_on_each_machine_then_resumes(two_machines, tmp_
   assert image.imread(out / "sweep.png").shape[0] == 2 * 400  # A row of panels each.
   assert "the cluster at" in capsys.readouterr().out  # Said once: a trusted network.
 
-  # The same command again: every cell is in sweep.csv, none runs again.
-  again = sweep.run(cfg, opts)
-  assert "0 cells as Ray tasks" in capsys.readouterr().out
-  assert again["cells"] == 8 and len(cells.read_csv(out / "sweep.csv")) == 8
+  # The same command again, with a --cell_timeout (not part of the sweep's name) and
+  # no faults: only the failed cell runs again, and its node kills it at the timeout
+  # (a run takes longer than 0.5 s to start); the others, in sweep.csv, do not run.
+  monkeypatch.delenv("MPT_INJECT_FAULT")
+  again = sweep.run(cfg, dataclasses.replace(opts, cell_timeout=0.5))
+  assert "1 cells as Ray tasks" in capsys.readouterr().out
+  rows = cells.read_csv(out / "sweep.csv")
+  assert again["cells"] == 8 and len(rows) == 8 and main.exit_status(again) == 6
+  rerun = {(r.machine, r.batch_size, r.policy): r for r in rows}
+  statuses = {k: r.status for k, r in by.items()}
+  assert {k: r.status for k, r in rerun.items()} == statuses | {
+      ("alpha", 4, "mixed_bfloat16"): "timeout"}
+  assert rerun["alpha", 4, "mixed_bfloat16"].error == "killed after 0.5 s"
 
 
-def test_a_node_lost_mid_sweep_leaves_its_cells_failed(two_machines, tmp_path,
-                                                       monkeypatch):
-  cluster, beta = two_machines
+@ON_ALPHA
+def test_a_node_lost_mid_sweep_leaves_its_cells_failed(alpha, beta, tmp_path):
   # Every node here sees the logdir: the cells write their run folders there.
   cfg, opts = tiny_sweep(tmp_path, batch_sizes="4", policies="float32,mixed_bfloat16",
-                         launcher="ray", ray_address=cluster.address, machines="all",
+                         launcher="ray", ray_address=alpha.address, machines="all",
                          shared_logdir=True)
   out = sweep.sweep_dir(cfg, opts)
-  # Beta goes down once its first cell is running (its child has begun its run).
-  import threading
-  killer = threading.Thread(target=lambda: wait_for(
-      lambda: any(True for _ in cells_running()), 60) and cluster.remove_node(
-          beta, allow_graceful=False))
-  cells_running = lambda: (p for p in _children() if "mpt.main" in _cmd(p))
+  # Beta goes down once its own first cell is running (the cell's child has begun its
+  # run): its pilot, while beta's other cell waits for it.
+  lost, ended = threading.Event(), threading.Event()
+
+  def lose_beta():
+    on_beta = lambda: any("mpt.main" in _cmd(p) and "_on_beta" in _cmd(p)
+                          for p in _children())
+    if wait_for(lambda: ended.is_set() or on_beta(), 120) and not ended.is_set():
+      alpha.remove_node(beta, allow_graceful=False)
+      lost.set()
+
+  killer = threading.Thread(target=lose_beta)
   killer.start()
-  result = sweep.run(cfg, opts)
-  killer.join()
+  try:
+    result = sweep.run(cfg, opts)
+  finally:
+    ended.set()
+    killer.join()
+  assert lost.is_set(), "beta's cell never started"
   rows = cells.read_csv(out / "sweep.csv")
   by = {(r.machine, r.policy): r for r in rows}
   assert len(rows) == 4 == len(by)  # Never lost, never twice.
@@ -124,14 +200,27 @@ def test_a_node_lost_mid_sweep_leaves_its_cells_failed(two_machines, tmp_path,
   for p in ("float32", "mixed_bfloat16"):  # Written by the cell's own run, not copied.
     flags = (out / "cells" / by["alpha", p].id / "flags.txt").read_text().splitlines()
     assert f"--logdir={out.resolve() / 'cells'}" in flags
-  for p in ("float32", "mixed_bfloat16"):
-    assert by["beta", p].status == "failed" and "node lost" in by["beta", p].error
+  # The pilot, lost under it (the task's error); the cell it held, released and then
+  # failed for want of any node of beta, rather than waiting for ever.
+  assert {by["beta", p].status for p in ("float32", "mixed_bfloat16")} == {"failed"}
+  assert by["beta", "float32"].error.startswith("node lost (")
+  assert by["beta", "mixed_bfloat16"].error == "node lost: no node of beta is left"
   assert result["cells_not_completed"] == 2 and main.exit_status(result) == 6
 
 
 def _children():
   import psutil
   return psutil.Process().children(recursive=True)
+
+
+def _running(p) -> bool:
+  """Whether a process still runs (a zombie has ended: its parent, maybe init in a
+  container, has not reaped it yet)."""
+  import psutil
+  try:
+    return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+  except psutil.Error:
+    return False
 
 
 def _cmd(p) -> str:
@@ -162,6 +251,9 @@ def test_ctrl_c_stops_the_cells_and_the_local_cluster_listens_on_loopback_only(t
     listening = [(p.name(), c.laddr) for p in [me] + me.children(recursive=True)
                  for c in _listening(p)]
     assert listening and all(_loopback(a.ip) for _, a in listening), listening
+    # Every process of the sweep now: the cell's, and Ray's own (gcs_server, raylet,
+    # workers, agents), which carry nothing of this test in their command lines.
+    kids = me.children(recursive=True)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
   finally:
@@ -171,8 +263,12 @@ def test_ctrl_c_stops_the_cells_and_the_local_cluster_listens_on_loopback_only(t
   rows = cells.read_csv(next((tmp_path / "logs").glob("sweep-*")) / "sweep.csv")
   assert rows and {r.status for r in rows} == {"interrupted"}
   assert "sweep interrupted" in out
+  # Nothing left: neither the cluster nor the cell (as psutil.wait_procs, but a
+  # zombie, ended and not yet reaped, counts as gone).
+  wait_for(lambda: not any(_running(p) for p in kids), 30)
+  assert not [(p.pid, _cmd(p)) for p in kids if _running(p)]
   assert not [p for p in psutil.process_iter(["cmdline"])
-              if tmp_path.name in " ".join(p.info["cmdline"] or [])]  # Nothing left.
+              if tmp_path.name in " ".join(p.info["cmdline"] or [])]
 
 
 def _listening(p):
@@ -188,16 +284,3 @@ def _loopback(ip: str) -> bool:
   address = ipaddress.ip_address(ip.split("%")[0])
   mapped = getattr(address, "ipv4_mapped", None)
   return (mapped or address).is_loopback
-
-
-def test_without_ray_the_launcher_is_one_line(tmp_path):
-  env = {**os.environ, "PYTHONPATH": f"{tmp_path}:{ROOT}"}
-  (tmp_path / "ray").mkdir()
-  (tmp_path / "ray" / "__init__.py").write_text("raise ImportError('no ray here')\n")
-  proc = subprocess.run([sys.executable, "-m", "mpt", "--mode=sweep", "--launcher=ray",
-                         f"--logdir={tmp_path}/logs", *TINY_FLAGS], cwd=ROOT,
-                        capture_output=True, text=True, timeout=120, env=env)
-  assert proc.returncode == 2
-  assert proc.stderr.strip().splitlines() == [
-      "mpt: error: --launcher=ray needs Ray, which is not installed: pip install -e "
-      "'.[cluster]' (or --launcher=local)"]

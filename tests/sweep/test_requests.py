@@ -1,12 +1,17 @@
 """What a sweep cell asks its Ray node for (mpt/sweep/requests.py), without Ray: the
 pilot of each machine, model and image size, the cells held for it and released with
-the memory its summary.json estimated, the cells no node can hold, GPUs; and the
-checks of the flags before any cell runs. tests/sweep/test_cluster.py runs the same
-on a real Ray cluster."""
+the memory its summary.json estimated, the cells no node can hold, GPUs; what the
+driver submits each cell with, and how it stops and fails tasks (mpt/sweep/cluster.py,
+on a stand-in Ray); the checks of the flags before any cell runs, and the one line
+where Ray is not installed. tests/sweep/test_cluster.py runs the same on a real Ray
+cluster."""
 
 import csv
 import dataclasses
+import os
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -20,6 +25,7 @@ from mpt.sweep import requests
 from mpt.sweep import run as sweep
 
 from test_sweep import tiny_sweep
+from helpers import ROOT, TINY_FLAGS
 
 # A plan as a cell's preflight records it: float32 500 MB + 10 MB per example.
 LINES = {"float32": Line(500.0, 10.0, 400.0), "mixed_bfloat16": Line(450.0, 6.0, 400.0)}
@@ -62,10 +68,11 @@ def test_the_pilot_runs_alone_then_the_rest_ask_for_their_estimate(tmp_path):
 def test_another_machine_or_image_size_has_its_own_pilot(tmp_path):
   p = requests.Planner(1, "auto", False, {"m": requests.Place({}, 4096),
                                           "n": requests.Place({}, 4096)})
-  assert p.take(cell()) is not None
-  assert p.take(cell(machine="n")) is not None
-  assert p.take(dataclasses.replace(cell(), image_size=32)) is not None
-  assert p.take(cell(batch=8)) is None
+  pilot = {"num_cpus": 1, "num_gpus": 0.0}  # Submitted, asking for no memory.
+  assert p.take(cell()) == pilot
+  assert p.take(cell(machine="n")) == pilot
+  assert p.take(dataclasses.replace(cell(), image_size=32)) == pilot
+  assert p.take(cell(batch=8)) is None  # Held for m's 16 px pilot.
 
 
 def test_a_cell_no_node_can_hold_is_predicted_not_started(tmp_path):
@@ -105,6 +112,8 @@ def test_a_cell_given_no_gpu_sees_none(tmp_path, monkeypatch):
   cfg, _ = tiny_sweep(tmp_path)
   cluster._run_on_node(cfg, cell(), None, None)  # No Ray here: no GPU granted.
   assert seen[0]["CUDA_VISIBLE_DEVICES"] == ""
+  # Nor a Ray instance started in this process (a later ray.init here would fail).
+  assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
   monkeypatch.setattr(cluster, "_granted", lambda: {"granted_gpus": 1.0})
   cluster._run_on_node(cfg, cell(), None, None)
   assert seen[1] is None  # Ray's own CUDA_VISIBLE_DEVICES, inherited.
@@ -130,7 +139,93 @@ def test_a_gpu_machine_gives_each_cell_one_gpu_unless_told():
 
 def test_a_node_offering_no_memory_figure_gets_no_memory_request():
   p = planner(memory_mb=0.0)
-  assert p.take(cell()) is not None and p.take(cell(batch=8)) is not None
+  for c in (cell(), cell(batch=8)):  # No pilot either: none is held.
+    r = p.take(c)
+    assert r == {"num_cpus": 2, "num_gpus": 0.0, "resources": {"machine:m": 0.001}}
+    assert "memory" not in r
+
+
+class InlineRay:
+  """Ray as the sweep's driver uses it, each task ending `ok` at once; `submitted`
+  keeps what each was submitted with: (its options, its timeout, its variables)."""
+
+  class exceptions:  # Never raised here.
+    RayError = TaskCancelledError = type("NeverRaised", (Exception,), {})
+
+  def __init__(self):
+    self.submitted, self.results = [], {}
+
+  def nodes(self):
+    return [{"NodeID": "n", "Alive": True, "Resources": {"CPU": 8.0}}]
+
+  def remote(self, **_):
+    return lambda function: Task(self, {})
+
+  def wait(self, refs, num_returns, timeout):
+    return refs[:num_returns], refs[num_returns:]
+
+  def get(self, ref):
+    return self.results[ref]
+
+
+@dataclasses.dataclass
+class Task:
+  ray: InlineRay
+  how: dict
+
+  def options(self, **how):
+    return Task(self.ray, how)
+
+  def remote(self, cfg, c, timeout, shared):
+    env = self.how.pop("runtime_env")["env_vars"]
+    self.ray.submitted.append((self.how, timeout, env))
+    self.ray.results[len(self.ray.submitted)] = (dataclasses.replace(c, status="ok"), b"")
+    return len(self.ray.submitted)
+
+
+def test_each_cell_asks_for_cell_cpus_and_takes_its_timeout_and_variables(
+    tmp_path, monkeypatch):
+  """What the driver submits a cell with: --cell_cpus CPUs (as many cells at once as
+  a node's CPUs hold), --cell_timeout for its node to kill it by, and the variables
+  its child must see there (the OOM-kill counters: how a SIGKILL is told apart)."""
+  monkeypatch.setattr(cluster, "machines", lambda ray, which: {"": requests.Place({})})
+  monkeypatch.setenv("MPT_INJECT_FAULT", "fail:8")
+  monkeypatch.delenv("MPT_KILL_AT", raising=False)
+  cfg, opts = tiny_sweep(tmp_path, batch_sizes="4,8", launcher="ray", cell_cpus=3,
+                         cell_timeout=7.5)
+  ray = InlineRay()
+  done, stopped = cluster._submit_and_collect(ray, cfg, opts, sweep.cells(cfg, opts),
+                                              {}, tmp_path)
+  assert [(c.batch_size, c.status) for c in done] == [(4, "ok"), (8, "ok")]
+  assert ray.submitted == [({"num_cpus": 3, "num_gpus": 0.0}, 7.5, {
+      "MPT_INJECT_FAULT": "fail:8", "MPT_OOM_KILLS": os.environ["MPT_OOM_KILLS"]})] * 2
+
+
+class NodeGone:
+  """Ray as the driver sees it once node `b` is dead."""
+
+  def __init__(self):
+    self.cancelled = []
+
+  def nodes(self):
+    return [{"NodeID": "b", "Alive": False, "Resources": {}}]
+
+  def cancel(self, ref, force=False):
+    self.cancelled.append((ref, force))
+
+
+def test_a_machine_with_no_node_left_fails_its_cells_at_the_second_check(tmp_path):
+  # The first check can come as soon as Ray counts the node dead, before a cell that
+  # was running there has its own error ("node lost (...)"); the next, WAIT_S later,
+  # fails what is still waiting for that machine.
+  ray, places = NodeGone(), {"beta": requests.Place({}, nodes=("b",))}
+  pending, stranded, finished = {"task": cell(machine="beta")}, set(), {}
+  assert cluster._fail_stranded(ray, places, pending, tmp_path, finished, stranded) == []
+  assert list(pending) == ["task"] and ray.cancelled == []
+  [failed] = cluster._fail_stranded(ray, places, pending, tmp_path, finished, stranded)
+  assert failed.status == "failed" and failed.error == "node lost: no node of beta is left"
+  assert pending == {} and ray.cancelled == [("task", True)]
+  assert cells_lib.read_csv(tmp_path / "sweep.csv") == [failed]
 
 
 def test_a_place_is_what_its_nodes_offer():
@@ -173,11 +268,13 @@ def test_a_resumed_sweep_csv_keeps_the_columns_it_began_with(tmp_path):
 
 
 class LosingRay:
-  """Ray as the sweep's driver sees it, losing the first cancel of a running task
-  (as Ray 2.60 was seen to, once): the task ends only once a cancel reaches it."""
+  """Ray as the sweep's driver sees it, losing the first `lose` cancels of a running
+  task (as Ray 2.60 was seen to, once): the task ends only once a cancel reaches it.
+  A wait for a task that does not end lasts its timeout on `clock`."""
 
   def __init__(self, lose: int):
     self.lose, self.cancels, self.ended = lose, [], set()
+    self.clock = Clock()
 
   def cancel(self, ref, force=False):
     self.cancels.append((ref, force))
@@ -185,18 +282,34 @@ class LosingRay:
       self.ended.add(ref)
 
   def wait(self, refs, num_returns, timeout):
-    return [r for r in refs if r in self.ended], [r for r in refs if r not in self.ended]
+    left = [r for r in refs if r not in self.ended]
+    if left:
+      self.clock.now += timeout
+    return [r for r in refs if r in self.ended], left
+
+
+class Clock:
+  """`time` as stop_tasks reads it: only the fake Ray's waits move it, so that the
+  grace is passed by the waits, not by how fast this machine runs the test."""
+
+  def __init__(self):
+    self.now = 0.0
+
+  def monotonic(self) -> float:
+    return self.now
 
 
 def test_a_stop_cancels_again_a_task_the_first_cancel_missed(monkeypatch):
-  monkeypatch.setattr(cluster, "RECANCEL_S", 0.0)
   ray = LosingRay(lose=1)
+  monkeypatch.setattr(cluster, "time", ray.clock)
   cluster.stop_tasks(ray, ["cell"])
   assert ray.cancels == [("cell", False), ("cell", False)]  # Not forced: it stops at a step.
-  monkeypatch.setattr(cluster, "STOP_GRACE_S", 0.0)  # Past the grace: killed.
-  ray = LosingRay(lose=1)
+  # Cancelled every RECANCEL_S (10 s), forced only once the grace has passed.
+  monkeypatch.setattr(cluster, "STOP_GRACE_S", 25.0)
+  ray = LosingRay(lose=3)
+  monkeypatch.setattr(cluster, "time", ray.clock)
   cluster.stop_tasks(ray, ["cell"])
-  assert ray.cancels[-1] == ("cell", True)
+  assert ray.cancels == [("cell", False)] * 3 + [("cell", True)]  # At 0, 10, 20; 30.
 
 
 def test_a_second_stop_kills_the_tasks_at_once(monkeypatch):
@@ -210,3 +323,17 @@ def test_a_second_stop_kills_the_tasks_at_once(monkeypatch):
   except KeyboardInterrupt:  # Would end pytest itself, not fail this test.
     pytest.fail("the second stop escaped stop_tasks: the cells left unrecorded")
   assert ray.cancels == [("cell", False), ("cell", True)]
+
+
+def test_without_ray_the_launcher_is_one_line(tmp_path):
+  # Here, not in test_cluster.py: that module is skipped exactly where Ray is absent.
+  env = {**os.environ, "PYTHONPATH": f"{tmp_path}:{ROOT}"}
+  (tmp_path / "ray").mkdir()
+  (tmp_path / "ray" / "__init__.py").write_text("raise ImportError('no ray here')\n")
+  proc = subprocess.run([sys.executable, "-m", "mpt", "--mode=sweep", "--launcher=ray",
+                         f"--logdir={tmp_path}/logs", *TINY_FLAGS], cwd=ROOT,
+                        capture_output=True, text=True, timeout=120, env=env)
+  assert proc.returncode == 2
+  assert proc.stderr.strip().splitlines() == [
+      "mpt: error: --launcher=ray needs Ray, which is not installed: pip install -e "
+      "'.[cluster]' (or --launcher=local)"]

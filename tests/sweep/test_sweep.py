@@ -1,6 +1,6 @@
 """Sweeps: a tiny sweep end to end (child processes), OOM and timeout cells, resuming,
-Ctrl-C, bad lists, the sweep folder's name, sweep.csv's rows, and the seed-style table
-for a known CSV (golden)."""
+Ctrl-C and the other stop signals, bad lists, the sweep folder's name, sweep.csv's
+rows, and the seed-style table for a known CSV (golden)."""
 
 import csv
 import dataclasses
@@ -11,6 +11,7 @@ import pathlib
 import signal
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -35,6 +36,26 @@ from helpers import TINY_FLAGS, read_events, wait_for
 TINY = dict(image_size=16, synthetic_train=20, synthetic_val=10,
             synthetic_px=20, epochs=1, steps_per_epoch=3, warmup_steps=1)
 SWEEP_FLAGS = {f.name for f in dataclasses.fields(SweepOptions)}
+
+
+def session_hparams(run_dir) -> dict:
+  """The hparams of a run's HParams session (the `session_start_info` TensorBoard's
+  HParams dashboard reads), as in tests/train/test_train.py."""
+  from tensorboard.backend.event_processing import event_accumulator
+  from tensorboard.plugins.hparams import plugin_data_pb2
+  acc = event_accumulator.EventAccumulator(str(run_dir))
+  acc.Reload()
+  data = plugin_data_pb2.HParamsPluginData.FromString(
+      acc.PluginTagToContent("hparams")["_hparams_/session_start_info"])
+  return {k: v.string_value or v.number_value or v.bool_value
+          for k, v in data.session_start_info.hparams.items()}
+
+
+def cell_hparams(run_dir) -> tuple:
+  """(model, image size, batch size, policy, loop, XLA) of a cell's HParams session."""
+  found = session_hparams(run_dir)
+  return tuple(found[k] for k in ("model", "image_size", "batch_size", "policy", "loop",
+                                  "jit_compile"))
 
 
 def tiny_sweep(tmp_path, **overrides) -> tuple[config.Config, SweepOptions]:
@@ -80,8 +101,9 @@ def test_every_way_a_cell_ends_then_a_resume_reruns_only_the_failed(tmp_path,
   assert "| 4 | " in table and "| 8 | OOM | OOM | - |" in table
   assert "mixed_bfloat16 vs float32" in table
   assert (out / "sweep.png").stat().st_size > 0
-  # Every finished cell is an HParams run under cells/.
+  # Every finished cell is an HParams run under cells/, its session the cell's values.
   assert "final/ms_per_step" in read_events(rows[0].run_dir)
+  assert cell_hparams(rows[0].run_dir) == ("seed_convnet", 16, 4, "float32", "fit", False)
   assert "| 8 | OOM | OOM | - |" in capsys.readouterr().out  # printed at the end
   failed_cell = out / "cells" / "seed_convnet_16px_b4_mixed_bfloat16_fit"
   (failed_cell / "left_by_the_failed_run").write_text("")
@@ -106,6 +128,8 @@ def test_every_way_a_cell_ends_then_a_resume_reruns_only_the_failed(tmp_path,
   assert "| 8 | OOM | OOM | - |" in table and "failed" not in table
   diagnosis = json.loads((out / "diagnosis.json").read_text())
   assert [c["status"] for c in diagnosis["cells"]] == ["ok", "ok", "OOM", "OOM"]
+  assert cell_hparams(failed_cell) == (  # Beside the first: the dashboard's two rows.
+      "seed_convnet", 16, 4, "mixed_bfloat16", "fit", False)
 
 
 @pytest.mark.slow
@@ -167,6 +191,57 @@ def test_ctrl_c_stops_the_running_cell_and_prints_the_partial_table(tmp_path, ch
   assert json.loads((events / "summary.json").read_text())["status"] == "completed"
 
 
+# A cell's child as the sweep sees it, standing in for a run (whose own handling of
+# each signal tests/test_exits.py checks): it stops on a stop signal, saying which, with
+# 128 + N as a run does; and, once the sweep waits on it, sends the sweep argv[2].
+STAND_IN_CELL = """
+import os, pathlib, signal, sys, time
+import psutil
+def stop(signum, frame):
+  pathlib.Path(sys.argv[1]).write_text(signal.Signals(signum).name)
+  sys.exit(128 + signum)
+for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1):
+  signal.signal(sig, stop)
+sweep = psutil.Process(os.getppid())
+for _ in range(3000):  # Until it waits for this cell (blocked: sleeping).
+  if sweep.status() == psutil.STATUS_SLEEPING:
+    break
+  time.sleep(0.01)
+sweep.send_signal(int(sys.argv[2]))
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGUSR1, signal.SIGTERM],
+                         ids=lambda sig: sig.name)
+def test_a_stop_signal_to_a_sweep_stops_its_cell_by_that_signal(tmp_path, monkeypatch,
+                                                                capsys, sig):
+  """SIGHUP (an SSH session closing), SIGUSR1 (SLURM's warning) or SIGTERM sent to a
+  sweep stop it as Ctrl-C does: the running cell gets the same signal, the table
+  holds the cells so far, and the exit status is 128 + N (129, 138, 143)."""
+  got, popen = tmp_path / "got", subprocess.Popen
+  stand_in = lambda cmd, **kw: popen(
+      [sys.executable, "-c", STAND_IN_CELL, str(got), str(int(sig))], **kw)
+  monkeypatch.setattr(sweep_cell, "subprocess", types.SimpleNamespace(
+      Popen=stand_in, DEVNULL=subprocess.DEVNULL, PIPE=subprocess.PIPE,
+      TimeoutExpired=subprocess.TimeoutExpired))
+
+  def not_the_sweeps(signum, frame):  # The default would end pytest's process.
+    raise AssertionError(f"{signal.Signals(signum).name} reached the test, not the sweep")
+
+  previous = signal.signal(sig, not_the_sweeps)
+  try:
+    result = sweep.run(*tiny_sweep(tmp_path, batch_sizes="4,8", run_name="s"))
+    assert signal.getsignal(sig) is not_the_sweeps  # Given back after the sweep.
+  finally:
+    signal.signal(sig, previous)
+  assert result["stop_signal"] == sig.name and main.exit_status(result) == 128 + sig
+  assert got.read_text() == sig.name  # The cell's child, stopped by the same signal.
+  [row] = cells.read_csv(tmp_path / "logs" / "s" / "sweep.csv")  # b8 never started.
+  assert (row.batch_size, row.status, row.error) == (4, "interrupted", sig.name)
+  assert "sweep interrupted" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("spec", ["oom", "oom:x", "melt:4", "kill:4,oops"])
 def test_a_malformed_fault_injection_stops_the_sweep_before_any_cell(tmp_path,
                                                                      monkeypatch, spec):
@@ -185,6 +260,13 @@ def test_a_malformed_fault_injection_stops_the_sweep_before_any_cell(tmp_path,
     (dict(policies="float32,fp8"), "--policies: unknown --policy='fp8'"),
     (dict(loops="fit,keras"), "--loops: unknown --loop='keras'"),
     (dict(jit_compiles="false,maybe"), "--jit_compiles='false,maybe' must list true/false"),
+    (dict(image_sizes="16,x"), "--image_sizes='16,x' must list whole numbers"),
+    (dict(image_sizes="16,0"), "--image_sizes: --image_size must be >= 1"),
+    (dict(models="vit,seed_convnet,vit"),
+     "--models='vit,seed_convnet,vit' lists a value twice"),
+    (dict(models="vit,"), "has an empty item"),
+    (dict(models="seed_convnet,nope"),
+     "--models: unknown --model='nope'; valid: mobilenet, resnet, seed_convnet"),
 ])
 def test_bad_lists_fail_before_any_cell(tmp_path, overrides, words):
   with pytest.raises(UserError) as e:
@@ -247,14 +329,23 @@ def test_the_sweep_folder_keeps_its_name_for_the_same_command(cfg, opts, name):
 
 
 def test_the_cells_child_flags_are_the_run_with_the_cells_values(tmp_path):
-  cfg, opts = tiny_sweep(tmp_path, batch_sizes="4,8", jit_compiles="false,true")
-  cell = sweep.cells(cfg, opts)[-1]
-  assert (cell.batch_size, cell.jit_compile, cell.id) == (
-      8, True, "seed_convnet_16px_b8_float32_fit_xla")
+  cfg, opts = tiny_sweep(tmp_path, batch_sizes="4,8", jit_compiles="false,true",
+                         image_sizes="16,24", models="seed_convnet,vit")
+  every = sweep.cells(cfg, opts)
+  # Each value of each axis with each of the others', once; a list of the single-run
+  # flag's value where the sweep gives none (policy, loop).
+  assert sorted((c.model, c.image_size, c.batch_size, c.jit_compile) for c in every) == [
+      (m, i, b, x) for m in ("seed_convnet", "vit") for i in (16, 24) for b in (4, 8)
+      for x in (False, True)]
+  assert {(c.policy, c.loop) for c in every} == {(cfg.policy, cfg.loop)}
+  cell = every[-1]
+  assert (cell.model, cell.image_size, cell.batch_size, cell.jit_compile, cell.id) == (
+      "vit", 24, 8, True, "vit_24px_b8_float32_fit_xla")
   flags = sweep_cell.cell_flags(cfg, cell, tmp_path)
   run = config.from_flagfile("\n".join(flags))
-  assert run == dataclasses.replace(cfg, batch_size=8, jit_compile=True, verbose=0,
-                                    run_name=cell.id, logdir=str(tmp_path / "cells"),
+  assert run == dataclasses.replace(cfg, batch_size=8, jit_compile=True, image_size=24,
+                                    model="vit", verbose=0, run_name=cell.id,
+                                    logdir=str(tmp_path / "cells"),
                                     checkpoint=False)  # A cell is never resumed.
   assert not [f for f in flags if f.startswith("--mode=")]  # The child trains.
 

@@ -185,3 +185,38 @@ def test_synthetic_classes_differ_in_colour_and_shape():
     means.append(np.mean([img[:20, :20].astype(float) for img in imgs], axis=0))
   gaps = [np.abs(means[i] - means[j]).mean() for i in range(10) for j in range(i)]
   assert min(gaps) > 2.0
+
+
+def _labels(d, n: int) -> list[int]:
+  return [int(y) for _, y in d.train_from(0).unbatch().take(n)]
+
+
+def test_shuffle_buffer_sets_how_far_the_stream_mixes(tree):
+  """--shuffle_buffer=1 leaves the source's order (the classes' folders in turn), one
+  pass after another; the default (the whole set in the buffer) mixes it."""
+  cfg = config.Config(dataset=f"folder:{tree}", image_size=8, batch_size=1, seed=5)
+  one = _labels(data.load(dataclasses.replace(cfg, shuffle_buffer=1)), 18)
+  assert one == ([0] * 3 + [1] * 6) * 2, one
+  whole = _labels(data.load(cfg), 18)
+  assert whole != one and set(whole) == {0, 1}, whole
+
+
+@pytest.mark.parametrize("cache", ["memory", "none", "file"])
+def test_cache_keeps_the_resized_images_where_asked(tree, tmp_path, cache):
+  """--cache: in memory (a cache op, no files), none (no cache op: each pass decodes
+  again), or a file prefix (TensorFlow's cache files per split and size)."""
+  prefix = tmp_path / "cached" / "imgs"
+  prefix.parent.mkdir()
+  flag = str(prefix) if cache == "file" else cache
+  cfg = config.Config(dataset=f"folder:{tree}", image_size=8, batch_size=3, seed=5,
+                      cache=flag)
+  d = data.load(cfg)
+  assert len(_labels(d, 9)) == 9
+  ops = _pipeline_ops(d.train_from(0))[0]
+  assert any(op.startswith("CacheDataset") for op in ops) == (cache != "none"), ops
+  written = sorted(p.name for p in prefix.parent.iterdir())
+  if cache == "file":
+    assert {n.split(".")[0] for n in written} == {"imgs_train_8px", "imgs_val_8px"}, written
+    assert any(n.endswith(".index") for n in written)
+  else:
+    assert written == []

@@ -21,6 +21,7 @@ import pytest
 from helpers import ROOT, USER_SCALE_LAYER, read_events
 from mpt.records import summary as summary_lib
 
+
 USER_SCRIPT = '''
 import keras
 import numpy as np
@@ -180,9 +181,11 @@ def test_own_loop_with_a_loss_scale_optimizer(own_loop):
                                                            "own_net")
   assert summary.steps == 16 and summary.epochs_completed == 2  # 8 batches x 2.
   assert summary.timed_steps == 14 and summary.ms_per_step > 0
-  # The LossScaleOptimizer's dynamic scale, read from the optimizer the loop gave.
-  assert summary.loss_scale is not None and summary.loss_scale >= 1
-  assert summary.skipped_steps >= 0 and summary.train_loss is not None
+  # The LossScaleOptimizer's dynamic scale, read from the optimizer the loop gave: it
+  # starts at 2**15, halves at each skipped step and doubles only after 2000 good
+  # ones, so after 16 steps it tells how many were skipped.
+  assert summary.loss_scale == 2.0**(15 - summary.skipped_steps), summary.loss_scale
+  assert 0 <= summary.skipped_steps < 16 and summary.train_loss is not None
   assert summary.data_wait_share is not None  # run.batches() timed each fetch.
   events = read_events(run_dir)
   assert [s for s, _ in events["perf/step_time_ms"]] == [4, 8, 12, 16]
@@ -228,7 +231,8 @@ def test_another_keras_backend_is_one_line(tmp_path, monkeypatch):
   # Keras would fail here: jax is not installed).
   proc = subprocess.run([sys.executable, "-m", "mpt", "--mode=inspect", "--image_size=16",
                          f"--logdir={tmp_path}/logs"], capture_output=True, text=True,
-                        timeout=180, cwd=tmp_path, env={**os.environ, "KERAS_BACKEND": "jax"})
+                        timeout=180, cwd=tmp_path,
+                        env={**os.environ, "KERAS_BACKEND": "jax"})
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert "KERAS_BACKEND=jax ignored: mpt measures TensorFlow" in proc.stdout
   assert len(list((tmp_path / "logs").glob("*/dtypes.json"))) == 1

@@ -59,6 +59,18 @@ def test_a_difference_within_the_margin_keeps_tfs_default(zen3):
   assert "TF's default (off) kept" in choice.why
 
 
+@pytest.mark.parametrize("on_ms,switched", [
+    (190.0, False),  # Exactly 5% less than off's 200 ms: not enough.
+    (189.9, True),  # 5.05% less: more than the margin.
+])
+def test_the_margin_is_five_percent_of_the_off_time_exclusive(zen3, on_ms, switched):
+  """The edges of docs/usage.md's 5% margin: a changed margin, or `<=` for `<`,
+  fails one of them."""
+  choice = onednn_choice.choose(config.Config(), scripted({True: on_ms, False: 200.0}))
+  assert (choice.on, choice.env) == ((True, "1") if switched else (False, None))
+  assert choice.chosen_by == "measured"
+
+
 def test_the_run_policy_and_float32_are_measured_and_the_run_policy_decides(zen3):
   calls = []
   onednn_choice.choose(config.Config(policy="mixed_bfloat16"),
@@ -80,6 +92,30 @@ def test_nothing_is_measured_where_it_cannot_pay(zen3, changes, why):
   choice = onednn_choice.choose(config.Config(**changes),
                                 scripted({True: 1.0, False: 2.0}, calls := []))
   assert calls == [] and why in choice.why and choice.on is False
+
+
+@pytest.mark.parametrize("visible,device,smi,expect", [
+    (None, True, False, True),  # The driver's device file alone.
+    (None, False, True, True),  # nvidia-smi alone.
+    ("0", True, True, True),
+    (None, False, False, False),  # No driver.
+    ("", True, True, False),  # Hidden, as this session does (conftest.py).
+    ("-1", True, True, False),
+])
+def test_a_gpu_is_visible_where_a_driver_is_and_cuda_does_not_hide_it(
+    monkeypatch, visible, device, smi, expect):
+  """_gpu_visible on a stand-in host: its driver's files, CUDA_VISIBLE_DEVICES."""
+  if visible is None:
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+  else:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+  exists = os.path.exists
+  monkeypatch.setattr(onednn_choice.os.path, "exists",
+                      lambda p: device if p == "/dev/nvidia0" else exists(p))
+  monkeypatch.setattr(onednn_choice.shutil, "which",
+                      lambda name: "/usr/bin/nvidia-smi" if smi and name == "nvidia-smi"
+                      else None)
+  assert onednn_choice._gpu_visible() is expect
 
 
 def test_nothing_is_measured_where_the_step_runs_on_a_gpu(zen3, monkeypatch):
@@ -126,16 +162,19 @@ def test_a_resumed_run_keeps_the_setting_its_flags_recorded(zen3, tmp_path):
   assert env["TF_ENABLE_ONEDNN_OPTS"] == "0"
 
 
+@pytest.mark.parametrize("on", [False, True])
 def test_the_measuring_child_runs_under_the_setting_it_was_given(zen3, tmp_path,
-                                                                 monkeypatch):
+                                                                 monkeypatch, on):
   """A real child per setting (`python -m mpt.train.cost`), a tiny model: the cost it
-  writes says the rewrite was as set, whatever this host's default."""
+  writes says the rewrite was as set, whatever this host's default (so both settings:
+  a child that ignored the setting passes one of them on any host)."""
   monkeypatch.setenv("MPT_CACHE", str(tmp_path))
   cfg = config.Config(image_size=8, batch_size=8)
-  found, error = onednn_choice._measure(cfg, False, ["float32"])
-  assert error == "" and found.onednn is False and found.key["onednn"] is False
+  found, error = onednn_choice._measure(cfg, on, ["float32"])
+  assert error == "" and found.onednn is on and found.key["onednn"] is on
   assert found.of("float32").ms_per_step > 0
-  assert cost_lib.cached(cost_lib.key_for(cfg, False, isa.detect())) is not None  # Cached for the run.
+  # Cached for the run, under this setting's key.
+  assert cost_lib.cached(cost_lib.key_for(cfg, on, isa.detect())) is not None
 
 
 @pytest.mark.parametrize("choice,expect", [

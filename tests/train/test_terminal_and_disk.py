@@ -62,6 +62,19 @@ def test_a_line_per_epoch_dtypes_in_one_line_and_how_to_look(default_run):
   assert out.rstrip().endswith(f"mpt: look: tensorboard --logdir {logs}"), out
 
 
+def test_the_closing_line_says_where_and_the_headline_figures(default_run):
+  out, logs = default_run
+  # README's `mpt: completed: logs/<run>, 164 steps, 104.9 ms/step, val_accuracy 0.654,
+  # wall 26 s`, next to last, naming the one run folder there is.
+  (run_dir,) = [p for p in logs.iterdir() if p.is_dir()]
+  summary = json.loads((run_dir / "summary.json").read_text())
+  closing = out.rstrip().splitlines()[-2]
+  assert closing == (f"mpt: completed: {run_dir}, 15 steps, "
+                     f"{summary['ms_per_step']:.1f} ms/step, "
+                     f"val_accuracy {summary['val_accuracy']:.3f}, "
+                     f"wall {summary['wall_s']:.0f} s"), out
+
+
 def test_checkpoint_false_writes_no_checkpoint(tiny):
   summary = train_run(tiny(checkpoint=False, epochs=2, checkpoint_every=2))
   run_dir = pathlib.Path(summary["run_dir"])

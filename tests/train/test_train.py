@@ -139,15 +139,20 @@ def test_runs_never_overwrite_each_other(tiny):
 
 
 def test_unwritable_logdir_fails_before_any_work(tiny, tmp_path):
+  """Before the data: a fresh --data_dir is never generated."""
   blocker = tmp_path / "a_file"
   blocker.write_text("")
   with pytest.raises(UserError, match="cannot create --logdir"):
-    train_run(tiny(logdir=str(blocker / "logs")))
+    train_run(tiny(logdir=str(blocker / "logs"), data_dir=str(tmp_path / "d")))
+  assert not (tmp_path / "d").exists()
 
 
-def test_unknown_model_fails_before_any_work(tiny):
+def test_unknown_model_fails_before_any_work(tiny, tmp_path):
+  """Before the data and the run folder: neither a fresh --data_dir nor --logdir is
+  made."""
   with pytest.raises(UserError, match="unknown --model='resnet9000'"):
-    train_run(tiny(model="resnet9000"))
+    train_run(tiny(model="resnet9000", data_dir=str(tmp_path / "d")))
+  assert not (tmp_path / "d").exists() and not (tmp_path / "logs").exists()
 
 
 def test_noinstrument_keeps_metrics_and_timing_only(tiny):

@@ -117,7 +117,14 @@ def test_measure_profiles_each_policys_step_on_a_gpu(h200, monkeypatch):
   cfg, build = _tiny()
   found = cost.measure(cfg, build, gpu=True)
   assert ran == list(config.POLICY_DTYPE) and found.gpu_kernels.device == "H200"
-  assert found.gpu_kernels.rows == gpu_table.table(h200, cost.PROFILED_STEPS, "H200").rows
+  table = found.gpu_kernels
+  assert table.steps == cost.PROFILED_STEPS
+  for policy, profile in h200.items():  # Each policy's capture, per profiled step.
+    rows = [r for r in table.rows if r.dtype == config.POLICY_DTYPE[policy]]
+    assert table.steps * sum(r.ms for r in rows) == pytest.approx(profile.split.total,
+                                                                  rel=1e-3)
+  conv = {r.dtype: r for r in table.rows if r.family == "conv"}
+  assert conv["float16"].tensor_core == 1.0 and conv["bfloat16"].layers == ["conv1"]
   assert any("read from the kernel names" in n for n in found.gpu_kernels.notes)
   assert Cost.from_dict(found.to_dict()) == found  # cost.json keeps it, typed.
   assert cost.measure(cfg, build, ["float32"]).gpu_kernels is None  # No GPU here.
