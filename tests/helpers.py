@@ -54,6 +54,16 @@ TINY_FLAGS = ["--image_size=16", "--batch_size=4", "--synthetic_train=20",
               "--synthetic_val=10", "--synthetic_px=20", "--verbose=0"]
 
 
+# An inspection report as --mode=inspect records it, for the memory estimate's tests
+# (tests/measure/test_memory.py, tests/train/test_preflight.py). Under mixed_bfloat16:
+# 100 bfloat16 outputs, then 10 forced to float32.
+SMALL_REPORT = {
+    "params": 1000, "input_shape": [8, 8, 3], "policy": "mixed_bfloat16",
+    "layers": [{"output_elements": 100, "output_dtype": "bfloat16",
+                "float32_reason": None},
+               {"output_elements": 10, "output_dtype": "float32",
+                "float32_reason": "dtype forced to float32 (numerically sensitive)"}]}
+
 # A user's custom layer with weights and ops of its own (whose FLOPs mpt cannot see),
 # for the scripts and modules the tests write as a user would.
 USER_SCALE_LAYER = """

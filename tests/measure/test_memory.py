@@ -10,17 +10,11 @@ import sys
 
 import pytest
 
-from helpers import ROOT, TINY_FLAGS, mpt_forked
+from helpers import ROOT, SMALL_REPORT as REPORT, TINY_FLAGS, mpt_forked
 from mpt.errors import UserError
 from mpt.measure import memory
 
 MB = 2**20
-REPORT = {  # Under mixed_bfloat16: 100 bfloat16 outputs, then 10 forced to float32.
-    "params": 1000, "input_shape": [8, 8, 3], "policy": "mixed_bfloat16",
-    "layers": [{"output_elements": 100, "output_dtype": "bfloat16",
-                "float32_reason": None},
-               {"output_elements": 10, "output_dtype": "float32",
-                "float32_reason": "dtype forced to float32 (numerically sensitive)"}]}
 
 
 def test_the_estimate_adds_up_by_hand():
