@@ -20,7 +20,7 @@ from typing import Any
 
 from mpt import modelnames
 from mpt.errors import UserError
-from mpt.flagvalues import parse_list
+from mpt.flagvalues import parse_patterns
 
 # Each precision policy and the dtype its layers compute in.
 POLICY_DTYPE = {"float32": "float32", "mixed_bfloat16": "bfloat16",
@@ -35,7 +35,8 @@ STRATEGIES = ("default", "mirrored", "multi_worker", "tpu")
 # flags.txt without --batchnorm ran Keras' layer, whatever the default is now; one
 # without --onednn ran TF's default, which `auto` keeps wherever it measures nothing).
 FLAGS_ADDED_LATER = {"batchnorm": "keras", "checkpoint": True, "force": False,
-                     "collective_timeout": 300.0, "onednn": "auto"}
+                     "collective_timeout": 300.0, "onednn": "auto",
+                     "layer_policy": ""}
 # Flags of the other modes (and --mode itself). A run's flags.txt written before the
 # modes had their own options lists them all; reading one ignores them. A test checks
 # this against the options classes.
@@ -62,6 +63,10 @@ class Config:
                        "is built; `auto` trains a few steps under each and then trains "
                        "with the one measured fastest here (single runs only).",
                        choices=POLICIES)
+  layer_policy: str = flag(
+      "", "Per-layer policies over --policy, `PATTERN=POLICY,...`: PATTERN is a layer "
+      "class or a regular expression of whole layer names; the first pattern matching "
+      "a layer decides. Loss scaling whenever a layer computes in float16.")
   loop: str = flag("fit", "Who drives the train step: Keras `fit`, or mpt's own "
                      "tf.function loop (`custom`).", choices=LOOPS)
   model: str = flag("seed_convnet", "Model: a variant from the registry in "
@@ -230,22 +235,22 @@ def validate(cfg: Any) -> Any:
   if not cfg.dataset:
     raise UserError("--dataset is empty; use synthetic, folder:PATH or a TFDS name")
   modelnames.check(cfg.model)
+  layer_policies(cfg.layer_policy)
+  if cfg.layer_policy and cfg.policy == "auto":
+    raise UserError("--layer_policy with --policy=auto: auto considers the per-layer "
+                    "plan itself; give --policy")
   return cfg
 
 
-def parse_steps(spec: str, flag: str) -> tuple[int, int] | None:
-  """A step window flag, `"A,B"` -> (A, B) with 1 <= A <= B; `""` -> None."""
-  if not spec:
-    return None
-  try:
-    first, last = parse_list(spec, flag, int, unique=False)
-  except (UserError, ValueError):  # One message for any fault.
-    raise UserError(f"--{flag}={spec!r} must be two step numbers A,B") from None
-  if first > last:
-    raise UserError(f"--{flag}={spec}: the window is reversed ({first} > {last})")
-  if first < 1:
-    raise UserError(f"--{flag}={spec}: steps count from 1")
-  return first, last
+def layer_policies(spec: str) -> list[tuple[str, str]]:
+  """--layer_policy's `PATTERN=POLICY,...` -> [(pattern, policy)], in order."""
+  return parse_patterns(spec, "layer_policy", tuple(POLICY_DTYPE))
+
+
+def scales_loss(cfg: Any) -> bool:
+  """Whether any layer of the run computes in float16 (loss scaling is then used)."""
+  return cfg.policy == "mixed_float16" or any(
+      p == "mixed_float16" for _, p in layer_policies(cfg.layer_policy))
 
 
 def from_flagfile(text: str) -> Config:

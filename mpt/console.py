@@ -77,13 +77,17 @@ _INFO_LINE = re.compile(rb"^(I\d{4} |WARNING: All log messages before absl::Init
 # CUDA's probe on a host with TF's CUDA libraries and no driver: an `E` line that is no
 # error of the run's; mpt says it once, in its own words.
 _NO_DRIVER = re.compile(rb"cuda_platform\.cc:\d+\] failed call to cuInit")
+# An INFO line's continuation: the CPU-feature guard's second line. Any other line
+# begins a record of its own (the supervisor's filter reads the whole run's stderr:
+# mpt's lines, a crash's last words, Python's tracebacks).
+_CONTINUATION = re.compile(rb"^To enable the following instructions")
 NO_GPU = ("mpt: no GPU used: TensorFlow's CUDA libraries are installed, but no NVIDIA "
           "driver answered (cuInit failed); training runs on the CPU")
 
 
 class StartupFilter:
   """Which lines of TensorFlow's stderr to pass on: all but its start-up INFO notices
-  (with their continuation lines: the CPU-feature guard's "To enable the following
+  (with their continuation line: the CPU-feature guard's "To enable the following
   instructions ...") and the no-driver cuInit line (`no_driver` records that it came)."""
 
   def __init__(self):
@@ -91,11 +95,12 @@ class StartupFilter:
 
   def keep(self, line: bytes) -> bool:
     if _NO_DRIVER.search(line):
-      self.no_driver = True
+      self.no_driver, self.in_info = True, False
       return False
     if _LOG_LINE.match(line) or line.startswith(b"WARNING: All log messages"):
       self.in_info = bool(_INFO_LINE.match(line))
       return not self.in_info
+    self.in_info = self.in_info and bool(_CONTINUATION.match(line))
     return not self.in_info  # A continuation line belongs to the line before.
 
 
@@ -109,9 +114,12 @@ def filter_stream() -> None:
   sys.stdout.write("no_driver" if found.no_driver else "")
 
 
-def import_tensorflow(say_no_gpu: bool = True) -> None:
+def import_tensorflow(say_no_gpu: bool = True, parent_filters: bool = False) -> None:
   """Imports TensorFlow and lets it look for GPUs, its start-up INFO lines (oneDNN,
   CUDA stubs, CPU features) dropped and the no-driver cuInit line said once as NO_GPU.
+  `parent_filters`: a supervised training child, whose stderr its parent already
+  reads through the same filter and which says NO_GPU itself (mpt/supervisor.py):
+  TensorFlow is imported directly, with no filter process of its own.
 
   TF 2.21 prints them while importing, before TF_CPP_MIN_LOG_LEVEL applies, so the
   level alone cannot hide them. The lines go through a filter *process* as they are
@@ -120,8 +128,11 @@ def import_tensorflow(say_no_gpu: bool = True) -> None:
   available") still reaches the terminal after this process is gone. With
   TF_CPP_MIN_LOG_LEVEL=0 (the user asked for INFO) nothing is dropped.
   """
-  if "tensorflow" in sys.modules or os.environ.get("TF_CPP_MIN_LOG_LEVEL") == "0":
-    import tensorflow  # noqa: F401
+  if ("tensorflow" in sys.modules or os.environ.get("TF_CPP_MIN_LOG_LEVEL") == "0"
+      or parent_filters):
+    import tensorflow as tf
+    if parent_filters:
+      tf.config.list_physical_devices("GPU")  # Its cuInit line, for the parent.
     return
   sys.stderr.flush()
   filt = subprocess.Popen([sys.executable, "-c",

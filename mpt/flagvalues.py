@@ -1,6 +1,7 @@
 """The small languages of flag values, read in one place: comma-separated lists
 (`--batch_sizes=16,32`, `--microbench_dtypes=...`, step windows `A,B`), key=value
-options (`--model_opts=depth=10,width=32`) and booleans spelled in flag values and in
+options (`--model_opts=depth=10,width=32`), per-layer policies
+(`--layer_policy=DepthwiseConv2D=float32`) and booleans spelled in flag values and in
 mpt's CSV files.
 
 Each reader raises UserError (mpt/errors.py) in the words of the flag it reads; the
@@ -9,6 +10,7 @@ message. Imports nothing of mpt but errors.py: config.py and every mode read fla
 through it.
 """
 
+import re
 from typing import Any, Callable, Iterator
 
 from mpt.errors import UserError
@@ -49,3 +51,38 @@ def parse_kv(spec: str, flag: str) -> Iterator[tuple[str, str]]:
     if not eq or not key:
       raise UserError(f"--{flag}={spec!r}: {item!r} is not key=value")
     yield key, value
+
+
+def parse_patterns(spec: str, flag: str, valid: tuple[str, ...]) -> list[tuple[str, str]]:
+  """`--flag=PATTERN=VALUE,...` -> [(pattern, value)] in order; each VALUE one of
+  `valid`, each PATTERN a regular expression (a plain name is one)."""
+  found = []
+  for item in filter(None, (i.strip() for i in spec.split(","))):
+    pattern, eq, value = item.rpartition("=")
+    if not eq or not pattern:
+      raise UserError(f"--{flag}: {item!r} is not PATTERN=POLICY")
+    if value not in valid:
+      raise UserError(f"--{flag}: unknown policy {value!r} in {item!r}; "
+                      f"valid: {', '.join(valid)}")
+    try:
+      re.compile(pattern)
+    except re.error as e:
+      raise UserError(f"--{flag}: {pattern!r} is not a regular expression "
+                      f"({e})") from None
+    found.append((pattern, value))
+  return found
+
+
+def parse_steps(spec: str, flag: str) -> tuple[int, int] | None:
+  """A step window flag, `"A,B"` -> (A, B) with 1 <= A <= B; `""` -> None."""
+  if not spec:
+    return None
+  try:
+    first, last = parse_list(spec, flag, int, unique=False)
+  except (UserError, ValueError):  # One message for any fault.
+    raise UserError(f"--{flag}={spec!r} must be two step numbers A,B") from None
+  if first > last:
+    raise UserError(f"--{flag}={spec}: the window is reversed ({first} > {last})")
+  if first < 1:
+    raise UserError(f"--{flag}={spec}: steps count from 1")
+  return first, last

@@ -39,7 +39,8 @@ FLAGS = flags.FLAGS
 
 
 def _train(cfg, opts):
-  console.import_tensorflow()
+  # Under the supervisor its reader filters this process's stderr: no second filter.
+  console.import_tensorflow(parent_filters=supervisor.supervised())
   from mpt.diagnose import diagnosis
   from mpt.train import run
   return run.train_and_evaluate(cfg, after_run=diagnosis.after_run)

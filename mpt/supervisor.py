@@ -117,9 +117,10 @@ def die_with_parent() -> None:
 
 class _Stderr(threading.Thread):
   """The child's stderr, passed on line by line as it comes (TensorFlow's start-up INFO
-  notices and its no-driver cuInit line dropped: console.noise), its last lines kept
-  for the last word; it drains the pipe after a crash, so nothing written just before
-  one is lost."""
+  notices dropped, and its no-driver cuInit line said once in mpt's words,
+  console.NO_GPU: the child has no filter of its own), its last lines kept for the
+  last word; it drains the pipe after a crash, so nothing written just before one is
+  lost."""
 
   def __init__(self, pipe):
     super().__init__(name="mpt-child-stderr", daemon=True)
@@ -131,8 +132,13 @@ class _Stderr(threading.Thread):
     # by this thread would leave the main thread blocked in waitpid, and the child
     # training on, never told.
     signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    said_no_gpu = False
     for line in iter(self.pipe.readline, b""):
-      if not self.filter.keep(line):
+      keep = self.filter.keep(line)
+      if self.filter.no_driver and not said_no_gpu:
+        os.write(1, (console.NO_GPU + "\n").encode())
+        said_no_gpu = True
+      if not keep:
         continue
       os.write(2, line)
       text = line.decode(errors="replace").rstrip()

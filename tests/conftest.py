@@ -9,7 +9,8 @@ The suite reads no fact of the host it could get wrong on another machine:
   `gpu` run children that see the host's GPUs, and are skipped where there are none.
 - mpt's cache (`MPT_CACHE`: generated data, microbenchmark results) is a folder of
   this session, never the user's ~/.cache/mpt.
-- The step's cost per policy (mpt/train/cost.py) is not measured (`MPT_COST=none`), so
+- The step's cost per policy (mpt/train/cost.py) is not measured (`MPT_COST=none`),
+  nor each layer's (`MPT_LAYERS=none`, mpt/train/layers.py), so
   the kernel table decides as on a machine where it cannot run; tests of the
   measurement set their own stand-in or run it on tiny models.
 - The kernel's OOM-kill counters are a file of this session (`MPT_OOM_KILLS`), which
@@ -45,6 +46,7 @@ for leak in ("MPT_INJECT_FAULT", "TF_CONFIG", "MPT_CPUINFO", "MPT_CACHE",
              "MPT_ONEDNN_CHOICE", "MPT_GOLDEN"):
   os.environ.pop(leak, None)  # A user's setting must not steer the tests.
 os.environ["MPT_COST"] = "none"
+os.environ["MPT_LAYERS"] = "none"  # Nor each layer's (mpt/train/layers.py).
 # Room for every run of the suite (the largest, batch 1024 at 32 px, estimates under
 # 2 GiB), whatever the host has free.
 os.environ["MPT_AVAILABLE_MB"] = str(64 * 1024)
@@ -167,9 +169,11 @@ def data_dir(tmp_path_factory) -> pathlib.Path:
 
 @pytest.fixture
 def tiny(tmp_path, data_dir):
-  """Returns a factory of Configs that train for seconds: 32 px, 64 images, batch 8."""
+  """Returns a factory of Configs that train for seconds: 16 px, 64 images, batch 8
+  (float16 convolutions on a Sapphire Rapids run oneDNN's reference kernels: at 32 px
+  one run of them took 16 s, at 16 px 6 s)."""
   def make(**overrides) -> config.Config:
-    values = dict(image_size=32, batch_size=8, epochs=3, synthetic_train=64,
+    values = dict(image_size=16, batch_size=8, epochs=3, synthetic_train=64,
                   synthetic_val=32, synthetic_px=40, warmup_steps=2, verbose=0,
                   learning_rate=3e-3, logdir=str(tmp_path / "logs"),
                   data_dir=str(data_dir))

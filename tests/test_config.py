@@ -116,7 +116,7 @@ def test_parse_kv_yields_pairs_until_an_item_is_not_one():
     ("1,2,3", "must be two step numbers A,B"), ("5,2", "the window is reversed"),
     ("0,2", "steps count from 1")])
 def test_parse_steps(spec, words):
-  assert config.parse_steps("3, 3", "profile_steps") == (3, 3)
-  assert config.parse_steps("", "profile_steps") is None
+  assert flagvalues.parse_steps("3, 3", "profile_steps") == (3, 3)
+  assert flagvalues.parse_steps("", "profile_steps") is None
   with pytest.raises(UserError, match=words):
-    config.parse_steps(spec, "profile_steps")
+    flagvalues.parse_steps(spec, "profile_steps")

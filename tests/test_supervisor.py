@@ -137,3 +137,11 @@ def test_the_start_up_filter_drops_tfs_notices_and_notes_the_no_driver_line():
   assert kept == lines[5:] and found.no_driver
   clean = console.StartupFilter()
   assert [l for l in lines[5:] if clean.keep(l)] == lines[5:] and not clean.no_driver
+  # The supervisor reads the whole run: mpt's own lines after TF's INFO lines (the
+  # guard's continuation included) and after the cuInit line all pass.
+  ours = [b"mpt: epoch 1/2: 10 steps\n", b"native crash (injected)\n",
+          b"mpt: SIGTERM: stopping after this step\n"]
+  run = console.StartupFilter()
+  assert [l for l in lines[:5] + ours if run.keep(l)] == ours and run.no_driver
+  run = console.StartupFilter()
+  assert [l for l in lines[2:4] + ours if run.keep(l)] == ours

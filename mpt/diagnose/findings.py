@@ -16,6 +16,8 @@ SEVERITY = ("high", "medium", "low")
 BASES = ("sibling runs",        # a float32 run next to it / the sweep's other cells
          "step cost",           # the model's step timed per policy before step 1
                                 # (summary.json cost, mpt/train/cost.py)
+         "layer cost",          # each layer timed per policy before step 1
+                                # (summary.json layer_costs, mpt/measure/layercost.py)
          "probe",               # the kernel probe's measured table (the policy verdict)
          "trace",               # the profiler trace's op statistics (op_stats.json)
          "gpu trace",           # a GPU capture's kernels (mpt/machine/gpu_profile.py)

@@ -34,6 +34,11 @@ class Call:
   output: Any  # The first tensor the layer returned (None: it returned no tensor).
   calls: int = 1  # Times the layer was called in the model's call (shared layers).
   leaf: bool = True  # No other layer was called inside its call: its work is its own.
+  # Its first call's first argument (a tensor, or a list/dict of them, as Add and
+  # Concatenate take), and every tensor it returned: mpt/measure/layercost.py times
+  # the layer on that argument's shapes and finds which layer made each input.
+  argument: Any = None
+  outputs: list = dataclasses.field(default_factory=list)
 
 
 def _first_tensor(value) -> Any:
@@ -57,9 +62,11 @@ def _watching(seen: dict[int, Call]):
     if call is not None:
       call.calls += 1
     else:
-      first = _first_tensor(args[0] if args else next(iter(kwargs.values()), None))
+      argument = args[0] if args else next(iter(kwargs.values()), None)
+      first = _first_tensor(argument)
       call = seen[id(layer)] = Call(
-          layer, tuple(first.shape) if first is not None else None, None)
+          layer, tuple(first.shape) if first is not None else None, None,
+          argument=argument)
     stack.append(call)
     try:
       out = original(layer, *args, **kwargs)
@@ -67,6 +74,7 @@ def _watching(seen: dict[int, Call]):
       stack.pop()
     if call.output is None:
       call.output = _first_tensor(out)
+      call.outputs = [t for t in keras.tree.flatten(out) if hasattr(t, "shape")]
     return out
 
   with _LOCK:

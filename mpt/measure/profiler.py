@@ -16,7 +16,7 @@ from absl import logging
 import keras
 import tensorflow as tf
 
-from mpt import config
+from mpt import flagvalues
 from mpt.errors import UserError
 
 
@@ -36,7 +36,7 @@ def parse_window(spec: str, warmup_steps: int, total_steps: int,
     first = warmup_steps + 1
     last = first + GPU_DEFAULT_STEPS - 1
     return (first, last) if last <= total_steps else None
-  window = config.parse_steps(spec, "profile_steps")
+  window = flagvalues.parse_steps(spec, "profile_steps")
   if window is None:
     return None
   first, last = window

@@ -40,8 +40,13 @@ class PolicyCost:
   second_ms: float | None = None    # ... and the second, still warming up.
   trace_s: float | None = None      # Tracing and building the step.
   steps_timed: int = 0
-  # Why timing stopped early ("first step > 5x float32's") or failed; None: complete.
+  # Why timing stopped early ("first step > 5x float32's"), failed, or was not done
+  # (predicted from the kernel table); None: complete.
   stopped: str | None = None
+  # A per-layer plan over the policy (--layer_policy's value); "": the uniform policy.
+  layer_policy: str = ""
+  predicted: bool = False  # ms_per_step is float32's by the kernel table's ratio.
+  finite: bool = True  # The loss of every call timed was finite.
 
 
 @dataclasses.dataclass
@@ -58,12 +63,18 @@ class Cost:
   gpu_kernels: GpuKernelTable | None = None
   gpu_kernels_note: str | None = None
 
-  def of(self, policy: str) -> PolicyCost | None:
-    return next((p for p in self.policies if p.policy == policy), None)
+  def of(self, policy: str, layer_policy: str = "") -> PolicyCost | None:
+    return next((p for p in self.policies if p.policy == policy
+                 and p.layer_policy == layer_policy), None)
 
   def predicted(self) -> dict[str, float]:
-    """{policy: predicted ms/step} for the policies measured."""
-    return {p.policy: p.ms_per_step for p in self.policies if p.ms_per_step}
+    """{policy: predicted ms/step} for the uniform policies measured."""
+    return {p.policy: p.ms_per_step for p in self.policies
+            if p.ms_per_step and not p.layer_policy}
+
+  def plans(self) -> list[PolicyCost]:
+    """The per-layer plans timed beside the uniform policies."""
+    return [p for p in self.policies if p.layer_policy]
 
   def ratios(self) -> dict[str, float]:
     """{policy: predicted time over float32's}; empty without float32."""
@@ -108,6 +119,27 @@ class OnednnChoice:
           "environment": f"TF_ENABLE_ONEDNN_OPTS={self.env}"}.get(self.chosen_by,
                                                                    self.chosen_by)
     return f"{self.label()} ({by})"
+
+
+def one_line(cost: Cost, onednn: str) -> str:
+  """`mpt: cost here, oneDNN's rewrite ..., measured in ...: float32 ~200 ms/step,
+  mixed_float16 ~740 (3.7x), ...`"""
+  base, parts = cost.predicted().get("float32"), []
+  for p in cost.policies:
+    name = p.policy + (f" with {p.layer_policy}" if p.layer_policy else "")
+    if not p.ms_per_step:
+      parts.append(f"{name} ? ({p.stopped or 'not measured'})")
+      continue
+    ms = f"~{p.ms_per_step:,.0f}" if p.ms_per_step >= 10 else f"~{p.ms_per_step:.1f}"
+    if p.policy == "float32" and not p.layer_policy:
+      parts.append(f"{name} {ms} ms/step")
+    else:
+      how = (", predicted from the kernel table" if p.predicted else
+             ", timing stopped early" if p.stopped else "")
+      parts.append(f"{name} {ms} ({p.ms_per_step / base if base else 0:.2g}x{how})")
+  how = (f"measured in {cost.seconds:.1f} s at batch {cost.batch}"
+         if cost.source == "measured" else cost.source)
+  return f"mpt: cost here, oneDNN's rewrite {onednn}, {how}: " + ", ".join(parts)
 
 
 def device_batch(cfg: Config) -> int:

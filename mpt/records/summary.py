@@ -11,8 +11,11 @@ version 1 (its missing fields take the defaults below); version 2 added the vers
 itself and `message`; version 3 named the policy verdict for what it holds
 (`policy_verdict`, written as `kernels` before); version 4 added `api` (which entry
 point made the run: a script's run was told by its dataset "user" before) and a
-script's `program` record. Keys a newer mpt wrote and this one
-does not know are dropped on reading.
+script's `program` record; version 5 dropped the copies of other records
+(`slow_path_warning`, `onednn`, `tf_enable_onednn_opts`, `microbench_gflops`: still
+read, as properties of the records they copied) and added `layer_policy` and
+`layer_costs`. Keys a newer mpt wrote and this one does not know are dropped on
+reading.
 """
 
 import dataclasses
@@ -24,12 +27,13 @@ from mpt.errors import UserError
 from mpt import files
 from mpt.records import typed
 from mpt.records.cost import Cost, OnednnChoice
+from mpt.records.layers import LayerCosts
 from mpt.records.machine import Hardware, Utilisation
 from mpt.records.memory import MemoryPlan
 from mpt.records.program import Program
 from mpt.records.verdict import PolicyChoice, PolicyVerdict
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 STATUSES = ("completed", "interrupted", "diverged", "oom", "failed")
 # Two runs are the same configuration, apart from their policy and loop, when these
 # fields are equal: a float32 run so is the baseline of a 16-bit one (the diagnosis'
@@ -53,6 +57,8 @@ class RunSummary:
   program: Program | None = None
   # What ran.
   policy: str | None = None
+  # --layer_policy: the layers kept in another policy ("" : none).
+  layer_policy: str = ""
   loop: str | None = None
   model: str | None = None
   model_opts: str = ""
@@ -100,7 +106,6 @@ class RunSummary:
   # Precision.
   loss_scale: float | None = None
   skipped_steps: int = 0
-  slow_path_warning: str | None = None
   # What this run could not measure, by what ({"cost": why, "data_wait": why}): a
   # script's run (mpt.callbacks, mpt.track) says so instead of leaving a gap.
   not_measured: dict[str, str] = dataclasses.field(default_factory=dict)
@@ -114,10 +119,12 @@ class RunSummary:
   # policy, what was timed, what measuring cost). None: not measured (a short run, a
   # stand-in of none, or written before mpt measured it).
   cost: Cost | None = None
-  # TF's oneDNN rewrite: "on"/"off" as TF reported it in the run (None: written
-  # before mpt recorded it), the variable as the run saw it, and why (OnednnChoice).
-  onednn: str | None = None
-  tf_enable_onednn_opts: str | None = None
+  # Each layer's forward and backward ms per policy, the casts and the optimizer
+  # (mpt/measure/layercost.py), where measured: to explain a 16-bit policy measured
+  # slower than float32, or found in the cache.
+  layer_costs: LayerCosts | None = None
+  # TF's oneDNN rewrite: its state as TF reported it in the run, the variable as the
+  # run saw it, and why (OnednnChoice; None: written before mpt recorded it).
   onednn_choice: OnednnChoice | None = None
   # Memory: the preflight's estimate (this policy's breakdown, every policy's total,
   # what was available) and the measured peak (peak_rss_mb; gpu_peak_mb on a GPU),
@@ -130,7 +137,6 @@ class RunSummary:
   peak_gflops: float | None = None
   peak_source: str | None = None
   mfu: float | None = None
-  microbench_gflops: float | None = None
   microbench_gflops_by_dtype: dict[str, float | None] = dataclasses.field(
       default_factory=dict)
   achieved_vs_microbench: float | None = None
@@ -168,7 +174,27 @@ class RunSummary:
     keys it has no field for (mpt/records/typed.py)."""
     return typed.from_dict(cls, upgrade(data), unknown)
 
-  # Figures derived from the record, for every reader.
+  # Figures derived from the record, for every reader. Versions before 5 also wrote
+  # the first three as copies (`upgrade` folds them into the records they copied).
+  @property
+  def slow_path_warning(self) -> str | None:
+    """The warning printed before step 1 (the policy verdict's text), or None."""
+    return self.policy_verdict.text if self.policy_verdict else None
+
+  @property
+  def onednn(self) -> str | None:
+    """"on" / "off": TF's oneDNN rewrite in the run; None where not recorded."""
+    return self.onednn_choice.label() if self.onednn_choice else None
+
+  @property
+  def tf_enable_onednn_opts(self) -> str | None:
+    return self.onednn_choice.env if self.onednn_choice else None
+
+  @property
+  def microbench_gflops(self) -> float | None:
+    """The microbenchmark's matmul rate here in the run's compute dtype."""
+    return (self.microbench_gflops_by_dtype or {}).get(self.compute_dtype or "")
+
   @property
   def script(self) -> bool:
     """A user's script made the run (mpt.callbacks, mpt.track): no flags.txt, and
@@ -212,6 +238,27 @@ def upgrade(data: dict[str, Any]) -> dict[str, Any]:
     data["api"] = "mpt.track" if data.get("loop") == "custom" else "mpt.callbacks"
   if not data.get("hardware"):  # Versions 1-2 wrote {} when nothing was recorded.
     data.pop("hardware", None)
+  return _fold_copies(data)
+
+
+def _fold_copies(data: dict[str, Any]) -> dict[str, Any]:
+  """Versions 1-4 wrote copies beside the records they copied: folded back in (a copy
+  a file was edited through wins, as the reader of that version would have read it).
+  The warning is dropped: it was the verdict's text, or (before version 3) the flags'
+  warning no reader of this version reads."""
+  data.pop("slow_path_warning", None)
+  state, env = data.pop("onednn", None), data.pop("tf_enable_onednn_opts", None)
+  if state in ("on", "off") or env is not None:
+    choice = dict(data.get("onednn_choice") or {"tf_default": None, "env": None})
+    if state in ("on", "off"):
+      choice["on"] = state == "on"
+    choice.setdefault("on", None)
+    choice["env"] = env if env is not None else choice.get("env")
+    data["onednn_choice"] = choice
+  rate = data.pop("microbench_gflops", None)
+  if rate is not None and data.get("compute_dtype"):
+    data["microbench_gflops_by_dtype"] = {
+        **(data.get("microbench_gflops_by_dtype") or {}), data["compute_dtype"]: rate}
   return data
 
 

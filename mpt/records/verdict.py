@@ -67,6 +67,7 @@ class Candidate:
   # convolution/matmul kernel time on Tensor Cores, and the layers left on CUDA cores.
   tensor_cores: float | None = None
   cuda_cores_layers: list[str] = dataclasses.field(default_factory=list)
+  layer_policy: str = ""  # A per-layer plan over `policy` ("": the uniform policy).
 
 
 @dataclasses.dataclass
@@ -77,3 +78,7 @@ class PolicyChoice:
   steps_timed: int = 0
   candidates: list[Candidate] = dataclasses.field(default_factory=list)
   seconds: float = 0.0
+  # The per-layer plan adopted over `chosen` ("": none), and why a plan was or was
+  # not adopted (or why nothing was measured).
+  layer_policy: str = ""
+  note: str = ""

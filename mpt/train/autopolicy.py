@@ -1,74 +1,41 @@
-"""`--policy=auto`: the policy that trains this model on this data fastest here, measured.
+"""`--policy=auto`: the policy, and the per-layer plan over it, that trains this model
+fastest here, read from the one measurement before step 1.
 
-Before the run, each candidate policy trains a few steps of the real model on the
-real input pipeline (mpt's compiled custom step, fresh weights each time): its first
-step (tracing included) and the median of the next `steps`. A candidate whose first
-step already takes more than DROP times the best first step so far is dropped there
-(float16's reference kernels on a Sapphire Rapids machine take ~200x float32's
-time: one step is enough to know). The fastest candidate with a finite loss wins; the
-table, the choice and what choosing cost go to summary.json (`policy_choice`) and
-TensorBoard. The run then trains from scratch with the chosen policy, recorded as
-that policy in flags.txt, so that --resume and a replayed flags.txt continue it.
-
-With the step's cost per policy measured before (mpt/train/cost.py), only the
-policies it leaves in doubt are timed: a policy predicted more than DOUBT times the
-fastest prediction is dropped untimed, and when one policy is left it is chosen
-without timing anything. On a GPU the kernel table (mpt/machine/gpu_table.py, from
-the same measurement) adds each candidate's Tensor Core share to the table, and the
-layers a 16-bit candidate left on CUDA cores.
+The step's cost (mpt/train/cost.py) has timed the model's step under each uniform
+policy (a policy the kernel table marks pathological predicted, not run); the fastest
+with a finite loss is the best uniform policy. Where the per-layer costs
+(mpt/train/layers.py) predict a plan over it faster (mpt/records/layers.py
+`best_plan`: layer classes kept in another policy, casts included), the plan and the
+best uniform policy are timed side by side as whole steps, and the plan is adopted
+only when measured at least MARGIN faster: the per-layer sums guide, the whole step
+decides. Without a measurement (a stand-in of
+`none`) nothing is timed here: float32 is kept, and the record says it is a guess.
+The run then trains from scratch with the choice, recorded as that policy (and
+--layer_policy) in flags.txt, so that --resume and a replayed flags.txt continue it.
+On a GPU the kernel table (mpt/machine/gpu_table.py, from the same measurement) adds
+each candidate's Tensor Core share, and the layers a 16-bit candidate left on CUDA
+cores.
 """
 
-import math
-import statistics
-import time
 from typing import Callable
 
-import keras
-
-from mpt.config import POLICY_DTYPE, Config
+from mpt.config import POLICY_DTYPE
 from mpt.machine import gpu_table
+from mpt.records.cost import Cost, PolicyCost
 from mpt.records.gpu import GpuKernelTable
+from mpt.records.layers import Plan
 from mpt.records.verdict import Candidate, PolicyChoice
-from mpt.train import precision
-from mpt.train import steps as steps_lib
-from mpt.train.data import Data
 
-CANDIDATES = ("float32", "mixed_bfloat16", "mixed_float16")
-DROP = 5.0
-DOUBT = 1.5  # The prediction's error bound (measured within 1.5x, experiments/).
+CANDIDATES = tuple(POLICY_DTYPE)
+MARGIN = 0.05  # A plan must measure this much faster than the best uniform policy.
+# Times a plan beside a uniform policy as whole steps: (plan's row, policy's row).
+PlanTimer = Callable[[Plan], tuple[PolicyCost | None, PolicyCost | None]]
 
 
-def _time_policy(policy: str, cfg: Config, data: Data, strategy, build: Callable,
-                 steps: int, give_up_ms: float | None) -> Candidate:
-  keras.backend.clear_session()
-  keras.utils.set_random_seed(cfg.seed)
-  precision.set_policy(policy)
-  with strategy.scope():
-    model = build()
-    optimizer = precision.make_optimizer(policy, cfg.learning_rate, cfg.loss_scale)
-    step = steps_lib.Steps(model, optimizer, jit_compile=cfg.jit_compile,
-                           strategy=strategy, global_batch=cfg.batch_size)
-  batches = iter(strategy.experimental_distribute_dataset(data.train_from(0)))
-  times, loss = [], None
-  for i in range(steps + 1):
-    start = time.perf_counter()
-    loss = float(step.train_step(*next(batches))["loss"])
-    times.append((time.perf_counter() - start) * 1e3)
-    if i == 0 and give_up_ms is not None and times[0] > give_up_ms:
-      return Candidate(policy, times[0], None, math.isfinite(loss),
-                       f"first step > {DROP:g}x the best so far ({times[0]:.0f} ms)")
-  return Candidate(policy, times[0], statistics.median(times[1:]), math.isfinite(loss))
-
-
-def _untimed(predicted: dict[str, float] | None) -> dict[str, Candidate]:
-  """The candidates the prediction rules out, as rows that say why."""
-  if not predicted or not all(predicted.get(p) for p in CANDIDATES):
-    return {}
-  best = min(predicted.values())
-  return {p: Candidate(p, dropped=f"predicted {predicted[p] / best:.2g}x the fastest "
-                                 f"(~{predicted[p]:,.0f} ms/step): not timed",
-                       predicted_ms=predicted[p])
-          for p in CANDIDATES if predicted[p] > DOUBT * best}
+def _candidate(row: PolicyCost) -> Candidate:
+  return Candidate(row.policy, row.first_ms, row.ms_per_step, row.finite,
+                   row.stopped, row.ms_per_step if row.predicted else None,
+                   layer_policy=row.layer_policy)
 
 
 def _kernels(rows: list[Candidate], kernels: GpuKernelTable | None) -> None:
@@ -84,38 +51,58 @@ def _kernels(rows: list[Candidate], kernels: GpuKernelTable | None) -> None:
       r.cuda_cores_layers = missed[1]
 
 
-def choose(cfg: Config, data: Data, strategy, build: Callable[[], keras.Model],
-           steps: int = 3, predicted: dict[str, float] | None = None,
-           kernels: GpuKernelTable | None = None) -> tuple[str, PolicyChoice]:
-  """(the chosen policy, the record of the choice); `build()` makes the model;
-  `predicted`: each policy's predicted ms/step, when measured; `kernels`: the kernel
-  table on a GPU (each candidate's Tensor Core share, shown in the table)."""
-  start, rows, best_first = time.perf_counter(), [], None
-  untimed = _untimed(predicted)
-  in_doubt = [p for p in CANDIDATES if p not in untimed]
-  for policy in CANDIDATES:
-    if policy in untimed:
-      rows.append(untimed[policy])
-      continue
-    if len(in_doubt) == 1:  # The prediction alone decides.
-      rows.append(Candidate(policy, ms_per_step=predicted[policy],
-                            predicted_ms=predicted[policy]))
-      continue
-    row = _time_policy(policy, cfg, data, strategy, build, steps,
-                       DROP * best_first if best_first else None)
-    row.predicted_ms = (predicted or {}).get(policy)
-    rows.append(row)
-    if row.ms_per_step is not None and row.finite:
-      best_first = min(best_first or row.first_ms, row.first_ms)
-  usable = [r for r in rows if r.ms_per_step is not None and r.finite]
-  chosen = min(usable, key=lambda r: r.ms_per_step).policy if usable else "float32"
-  base = next((r.ms_per_step for r in rows if r.policy == "float32"), None)
+def _plan(best: Candidate, plan: Plan | None, time_plan: PlanTimer | None
+          ) -> tuple[list[Candidate], str, str]:
+  """(the plan's rows, the plan adopted or "", why) against the best uniform policy."""
+  if plan is None or time_plan is None:
+    return [], "", "no per-layer cost here: no plan considered"
+  assert plan.policy == best.policy, (plan.policy, best.policy)
+  if not plan.by_class:
+    return [], "", (f"the per-layer costs predict no plan faster than --policy="
+                    f"{plan.policy}")
+  mine, theirs = time_plan(plan)
+  if not mine or not mine.ms_per_step or not theirs or not theirs.ms_per_step:
+    why = (mine.stopped if mine else None) or "not timed"
+    return [_candidate(mine)] if mine else [], "", f"the plan could not be timed: {why}"
+  rows = [_candidate(theirs), _candidate(mine)]
+  rows[0].dropped = "timed beside the plan"
+  gain = 1 - mine.ms_per_step / theirs.ms_per_step
+  said = (f"{plan.layer_policy()} over {plan.policy} measured {gain:+.0%} against "
+          f"{theirs.policy} ({mine.ms_per_step:,.1f} vs {theirs.ms_per_step:,.1f} ms, "
+          f"side by side)")
+  if gain >= MARGIN and mine.finite:
+    return rows, plan.layer_policy(), f"adopted: {said}"
+  return rows, "", f"not adopted (needs {MARGIN:.0%}): {said}"
+
+
+def choose(cost: Cost | None, plan_for: Callable[[str], Plan | None] | None = None,
+           time_plan: PlanTimer | None = None, seconds: float | None = None
+           ) -> tuple[str, str, PolicyChoice]:
+  """(the chosen policy, the per-layer plan over it or "", the record of the choice)
+  from the step's cost per policy; `plan_for(policy)`: the per-layer costs' fastest
+  plan over the best uniform policy, timed by `time_plan` beside it; `seconds`: what
+  choosing cost (default: what measuring cost)."""
+  seconds = seconds if seconds is not None else cost.seconds if cost else 0.0
+  if cost is None:
+    return "float32", "", PolicyChoice(
+        "auto", "float32", 0, [], seconds,
+        note="nothing measured here: float32 kept, a guess, not a measurement")
+  rows = [_candidate(cost.of(p)) for p in CANDIDATES if cost.of(p)]
+  usable = [r for r in rows if r.ms_per_step and r.finite and not r.dropped]
+  if not usable:
+    return "float32", "", PolicyChoice("auto", "float32", 0, rows, seconds,
+                                       note="no policy's step could be timed: float32 kept")
+  best = min(usable, key=lambda r: r.ms_per_step)
+  extra, layer_policy, note = _plan(best, plan_for(best.policy) if plan_for else None,
+                                    time_plan)
+  rows += extra
+  base = cost.predicted().get("float32")
   for r in rows:
     r.vs_float32 = base / r.ms_per_step if base and r.ms_per_step else None
-  _kernels(rows, kernels)
-  keras.backend.clear_session()
-  return chosen, PolicyChoice("auto", chosen, steps if len(in_doubt) > 1 else 0, rows,
-                              round(time.perf_counter() - start, 2))
+  _kernels(rows, cost.gpu_kernels)
+  timed = max((cost.of(p).steps_timed for p in CANDIDATES if cost.of(p)), default=0)
+  return best.policy, layer_policy, PolicyChoice(
+      "auto", best.policy, timed, rows, round(seconds, 2), layer_policy, note)
 
 
 def format_table(choice: PolicyChoice, markdown: bool = False) -> str:
@@ -128,14 +115,19 @@ def format_table(choice: PolicyChoice, markdown: bool = False) -> str:
   for r in choice.candidates:
     ms = f"{r.ms_per_step:.1f}" if r.ms_per_step else "-"
     vs = f"{r.vs_float32:.2f}x" if r.vs_float32 else "-"
+    chosen = r.policy == choice.chosen and r.layer_policy == choice.layer_policy and (
+        r.dropped is None)
     note = r.dropped or ("non-finite loss" if not r.finite else
-                         "chosen" if r.policy == choice.chosen else "")
+                         "chosen" if chosen else "")
     first = f"{r.first_ms:.0f}" if r.first_ms is not None else "-"
-    if r.first_ms is None and r.ms_per_step and not r.dropped:
-      note = "chosen on its predicted cost, not timed"
     if r.cuda_cores_layers:
       note = "; ".join(filter(None, [note, "CUDA cores: " + ", ".join(r.cuda_cores_layers)]))
     cores = (f" {r.tensor_cores:.0%} |" if r.tensor_cores is not None else " - |") if gpu else ""
-    lines.append(f"| {r.policy} | {ms} | {vs} | {first} |{cores} {note} |")
-  lines.append(f"choosing took {choice.seconds:.1f} s")
+    name = r.policy + (f" with {r.layer_policy}" if r.layer_policy else "")
+    lines.append(f"| {name} | {ms} | {vs} | {first} |{cores} {note} |")
+  if choice.note:
+    lines.append(f"plan: {choice.note}" if "plan" in choice.note or "adopted" in
+                 choice.note else choice.note)
+  lines.append(f"choosing took {choice.seconds:.1f} s (the step's cost before step 1 "
+               "included)")
   return "\n".join(lines)

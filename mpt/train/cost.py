@@ -13,12 +13,15 @@ it is clearly slow: after its first call when that took more than STOP times
 float32's first call (oneDNN's reference kernels on a Sapphire Rapids: ~200x; the
 estimate is that call less float32's first-call overhead), or after its second call
 when that took more than STOP times float32's second (the estimate is that call
-scaled by float32's own second-call-to-steady ratio).
+scaled by float32's own second-call-to-steady ratio). A policy whose ops the
+machine's kernel table measured PATHOLOGICAL times float32's is not run at all unless
+it is the run's own: its step is float32's by that ratio (a mixed_float16 step of the
+seed convnet takes 13-17 s on a Sapphire Rapids; the table already knows). A per-layer
+plan (--layer_policy, or the one `--policy=auto` weighs) is timed as a row of its own.
 
-On a GPU each policy's step is then profiled for PROFILED_STEPS more calls and the
-captures read into the kernel table on a GPU (mpt/machine/gpu_table.py: per op family,
-the share on Tensor Cores and the layers whose eligible kernels ran on CUDA cores),
-which the verdict before step 1 and `--policy=auto` read from the Cost.
+This is the one timing before step 1: the warning, `--policy=auto`, the oneDNN choice
+and the diagnosis read it. On a GPU each policy's step is then profiled
+(mpt/train/gpu_steps.py) into the kernel table on a GPU.
 
 `for_run` is the training run's entry: a stand-in ($MPT_COST: a recorded cost.json,
 or `none`), the cache (mpt/records/cost.py), a skip when the run is shorter than the
@@ -27,11 +30,12 @@ POLICIES` measures in a child process, for the oneDNN choice (mpt/train/onednn_c
 which must set TF_ENABLE_ONEDNN_OPTS before TensorFlow is imported.
 """
 
+import dataclasses
+import math
 import os
 import pathlib
 import statistics
 import sys
-import tempfile
 import time
 from typing import Callable
 
@@ -40,12 +44,12 @@ import tensorflow as tf
 
 from mpt import config
 from mpt import errors
-from mpt.machine import gpu_profile
-from mpt.machine import gpu_specs
-from mpt.machine import gpu_table
+from mpt.machine import fastpath
 from mpt.machine import isa
+from mpt.machine import kernels
 from mpt.records import cost as cost_lib
 from mpt.records.cost import Cost, PolicyCost
+from mpt.train import gpu_steps
 from mpt.train import keras_fit
 from mpt.train import model as model_lib
 from mpt.train import precision
@@ -53,21 +57,28 @@ from mpt.train import steps as steps_lib
 
 ENV = "MPT_COST"
 STOP = 5.0       # a 16-bit call this many times float32's: timing stops there
+PATHOLOGICAL = 10.0  # a kernel table ratio at which a policy is predicted, not run
 TIMED_STEPS = 2  # steps timed after the first two calls
-PROFILED_STEPS = 2  # on a GPU, per policy: the kernel table's steps
 MIN_RUN_STEPS = cost_lib.MIN_RUN_STEPS
 Clock = Callable[[], float]
 
 
 def _traced(policy: str, cfg: config.Config, build: Callable[[], keras.Model],
-            batch: int, clock: Clock) -> tuple[Callable[[], float], PolicyCost]:
-  """The model's compiled step under `policy`, traced (not yet run), as a function
-  that runs it once and returns its ms; and the policy's row, its tracing timed."""
+            batch: int, clock: Clock, layer_policy: str = ""
+            ) -> tuple[Callable[[], float], PolicyCost, keras.Model]:
+  """The model's compiled step under `policy` (and `layer_policy`'s per-layer plan
+  over it), traced (not yet run), as a function that runs it once and returns its ms;
+  the row, its tracing timed; and the model."""
   keras.utils.set_random_seed(cfg.seed)
   precision.set_policy(policy)
   start = clock()
   model = build()
-  optimizer = precision.make_optimizer(policy, cfg.learning_rate, cfg.loss_scale)
+  plan = config.layer_policies(layer_policy)
+  model_lib.apply_layer_policy(model, plan)
+  scaled = config.scales_loss(dataclasses.replace(cfg, policy=policy,
+                                                  layer_policy=layer_policy))
+  optimizer = precision.make_optimizer(policy, cfg.learning_rate, cfg.loss_scale,
+                                       scaled=scaled)
   step = steps_lib.Steps(model, optimizer, jit_compile=cfg.jit_compile,
                          global_batch=batch)
   size = cfg.image_size
@@ -75,12 +86,27 @@ def _traced(policy: str, cfg: config.Config, build: Callable[[], keras.Model],
   labels = tf.zeros((batch,), tf.int64)
   step.train_step.get_concrete_function(images, labels)
 
+  row = PolicyCost(policy, trace_s=round(clock() - start, 3), layer_policy=layer_policy)
+
   def timed() -> float:
     begin = clock()
-    float(step.train_step(images, labels)["loss"])  # Waits for the step's result.
+    loss = float(step.train_step(images, labels)["loss"])  # Waits for the result.
+    row.finite = row.finite and math.isfinite(loss)
     return round((clock() - begin) * 1e3, 3)
 
-  return timed, PolicyCost(policy, trace_s=round(clock() - start, 3))
+  return timed, row, model
+
+
+def pathological(table: dict | None, model: keras.Model) -> dict[str, float]:
+  """{policy: its ops' time over float32's} for the 16-bit policies whose ops this
+  machine's kernel table measured PATHOLOGICAL times float32's, for this model's layer
+  classes: predicted from the table, not timed (oneDNN's reference float16
+  convolution on a Sapphire Rapids: ~100x, 13-17 s a step for the seed convnet)."""
+  if not table:
+    return {}
+  ratios = fastpath.policy_ratios(
+      table, fastpath.families_of(precision.layer_classes(model)))
+  return {p: r for p, r in ratios.items() if p != "float32" and r >= PATHOLOGICAL}
 
 
 def _stop(row: PolicyCost, f32: PolicyCost | None) -> bool:
@@ -103,100 +129,100 @@ def _estimate(row: PolicyCost, f32: PolicyCost) -> float:
   return row.second_ms * f32.ms_per_step / f32.second_ms  # As float32 warmed up.
 
 
-def _profiled(step: Callable[[], float], folder: pathlib.Path):
-  """PROFILED_STEPS calls of `step` under TF's profiler, read (GpuProfile)."""
-  tf.profiler.experimental.start(str(folder))
-  try:
-    for _ in range(PROFILED_STEPS):
-      step()
-  finally:
-    tf.profiler.experimental.stop()
-  found = gpu_profile.find_traces(folder)
-  if not found:
-    raise errors.UserError("the profiler wrote no capture")
-  profile = gpu_profile.read(found[0])
-  if profile.device is None or not profile.kernels:
-    raise errors.UserError("; ".join(profile.notes) or "no GPU kernels in the capture")
-  return profile
-
-
-def kernel_table(steps: dict[str, Callable[[], float]]):
-  """(the kernel table on this GPU from each policy's step profiled, or None, and why
-  not). Never raises for a capture it cannot read: the table is evidence, not the run."""
-  profiles = {}
-  with tempfile.TemporaryDirectory(prefix="mpt-kernels-") as tmp:
-    for policy, step in steps.items():
-      try:
-        profiles[policy] = _profiled(step, pathlib.Path(tmp) / policy)
-      except (errors.UserError, tf.errors.OpError) as e:
-        return None, f"the kernel table on this GPU was not read ({policy}): {e}"
-  if not profiles:
-    return None, "the kernel table on this GPU was not read: no policy's step ran"
-  device = next(iter(profiles.values())).device
-  name = (gpu_specs.identify(device)[0] or device.model or device.name) if device else "GPU"
-  notes = sorted({n for p in profiles.values() for n in p.notes})
-  return gpu_table.table(profiles, PROFILED_STEPS, name, notes), None
-
-
 def measure(cfg: config.Config, build: Callable[[], keras.Model],
             policies=cost_lib.POLICIES, clock: Clock = time.perf_counter,
-            base: PolicyCost | None = None, gpu: bool | None = None) -> Cost:
-  """Times the model's step under `policies` in this process, interleaved: every
-  policy's first call (float32's first), then every second call, then TIMED_STEPS
-  rounds, so that the machine's ups and downs fall on every policy alike. `base`:
-  float32's row from an earlier measurement, not timed again. `gpu`: profile each
-  policy's step into the kernel table (default: where TF sees a GPU)."""
+            base: PolicyCost | None = None, gpu: bool | None = None,
+            plans: tuple[tuple[str, str], ...] = (), table: dict | None = None
+            ) -> Cost:
+  """Times the model's step under `policies` and the per-layer `plans` ((policy,
+  layer_policy) pairs) in this process, interleaved: every candidate's first call
+  (float32's first), then every second call, then TIMED_STEPS rounds, so that the
+  machine's ups and downs fall on every candidate alike. `base`: float32's row from
+  an earlier measurement, not timed again. `table`: the machine's kernel table; a
+  policy it marks pathological is predicted from it, not run, unless it is the
+  run's own. `gpu`: profile each policy's step into the kernel table
+  (default: where TF sees a GPU)."""
   batch = cost_lib.device_batch(cfg)
   onednn = keras_fit.onednn_rewrite_on()
   found = Cost(cost_lib.key_for(cfg, onednn, isa.detect()), onednn, batch)
   start = clock()
   keras.backend.clear_session()
-  order = ["float32"] + [p for p in policies if p != "float32"]
-  steps, rows, times = {}, {}, {}
-  for policy in order:
-    if policy == "float32" and base is not None:
-      rows[policy] = base
+  order = [("float32", "")] + [(p, "") for p in policies if p != "float32"] + [
+      tuple(p) for p in plans]
+  steps, rows, skip = {}, {}, {}
+  for key in order:
+    if key == ("float32", "") and base is not None:
+      rows[key] = base
+      continue
+    if key[0] in skip and key[0] != cfg.policy:
+      rows[key] = _predicted_row(key, skip[key[0]])
       continue
     try:
-      steps[policy], rows[policy] = _traced(policy, cfg, build, batch, clock)
-    except (tf.errors.OpError, ValueError, TypeError) as e:  # Not buildable here.
-      rows[policy] = PolicyCost(policy, stopped=_failed(e))
-  f32 = rows["float32"] if rows["float32"].stopped is None else None
-  live = [p for p in order if p in steps and (f32 is not None or p == "float32")]
+      steps[key], rows[key], model = _traced(key[0], cfg, build, batch, clock,
+                                             layer_policy=key[1])
+      if key == ("float32", ""):
+        skip = pathological(table, model)
+    except (tf.errors.OpError, ValueError, TypeError, errors.UserError) as e:
+      rows[key] = PolicyCost(key[0], stopped=_failed(e), layer_policy=key[1])
+  f32 = rows[("float32", "")] if rows[("float32", "")].stopped is None else None
+  times = _rounds(order, steps, rows, f32)
+  _settle(rows, times, f32, skip)
+  found.policies = [rows[k] for k in order]
+  if gpu if gpu is not None else bool(tf.config.list_logical_devices("GPU")):
+    ran = {k[0]: steps[k] for k in order if k in steps and not k[1]
+           and not (rows[k].stopped or "").startswith("failed")}
+    found.gpu_kernels, found.gpu_kernels_note = gpu_steps.kernel_table(ran)
+  precision.set_policy("float32")
+  keras.backend.clear_session()
+  found.seconds = round(clock() - start, 2)
+  return found
+
+
+def _rounds(order: list, steps: dict, rows: dict, f32: PolicyCost | None) -> dict:
+  """Every candidate's first call (float32's first), then every second call, then
+  TIMED_STEPS rounds: {candidate: its timed ms}; a candidate stops where `_stop` or
+  a failure says (float32's failure stops them all)."""
+  times: dict = {}
+  live = [k for k in order if k in steps and (f32 is not None or k == ("float32", ""))]
   for phase in ["first_ms", "second_ms"] + ["timed"] * TIMED_STEPS:
-    for policy in list(live):
-      if policy not in live:  # float32 failed earlier in this round.
+    for key in list(live):
+      if key not in live:  # float32 failed earlier in this round.
         continue
       try:
-        ms = steps[policy]()
+        ms = steps[key]()
       except (tf.errors.OpError, ValueError) as e:
-        rows[policy].stopped = _failed(e)
-        live = [] if policy == "float32" else [p for p in live if p != policy]
+        rows[key].stopped = _failed(e)
+        live = [] if key == ("float32", "") else [k for k in live if k != key]
         continue
       if phase == "timed":
-        times.setdefault(policy, []).append(ms)
+        times.setdefault(key, []).append(ms)
       else:
-        setattr(rows[policy], phase, ms)
-      if _stop(rows[policy], f32 if policy != "float32" else None):
-        live.remove(policy)
-  for policy, row in rows.items():
-    if times.get(policy):
-      row.steps_timed = len(times[policy])
-      row.ms_per_step = round(statistics.median(times[policy]), 3)
+        setattr(rows[key], phase, ms)
+      if _stop(rows[key], f32 if key != ("float32", "") else None):
+        live.remove(key)
+  return times
+
+
+def _predicted_row(key: tuple[str, str], ratio: float) -> PolicyCost:
+  return PolicyCost(key[0], layer_policy=key[1], predicted=True, stopped=(
+      f"predicted from the kernel table ({ratio:.0f}x float32's ops), not timed"))
+
+
+def _settle(rows: dict, times: dict, f32: PolicyCost | None,
+            skip: dict[str, float]) -> None:
+  """Each row's ms/step: the median of its timed steps, an estimate where timing
+  stopped, float32's by the kernel table's ratio where it was predicted."""
+  for key, row in rows.items():
+    if times.get(key):
+      row.steps_timed = len(times[key])
+      row.ms_per_step = round(statistics.median(times[key]), 3)
+    elif row.predicted and f32 and f32.ms_per_step:
+      row.ms_per_step = round(f32.ms_per_step * skip[row.policy], 3)
     elif row.stopped and row.first_ms and f32 and f32.ms_per_step:
       row.ms_per_step = round(_estimate(row, f32), 3)
   for row in rows.values():
     if row.ms_per_step is None and not row.stopped:
       row.stopped = "not timed: float32's step could not be timed"
-  found.policies = [rows[p] for p in order]
-  if gpu if gpu is not None else bool(tf.config.list_logical_devices("GPU")):
-    ran = {p: steps[p] for p in order
-           if p in steps and not (rows[p].stopped or "").startswith("failed")}
-    found.gpu_kernels, found.gpu_kernels_note = kernel_table(ran)
-  precision.set_policy("float32")
-  keras.backend.clear_session()
-  found.seconds = round(clock() - start, 2)
-  return found
 
 
 def _failed(e: Exception) -> str:
@@ -204,11 +230,14 @@ def _failed(e: Exception) -> str:
 
 
 def for_run(cfg: config.Config, build: Callable[[], keras.Model], planned_steps: int,
-            fits: Callable[[], str | None] = lambda: None
+            fits: Callable[[], str | None] = lambda: None,
+            table: Callable[[], dict | None] = lambda: None
             ) -> tuple[Cost | None, str | None]:
   """(this model's cost here, a note when there is none or where it came from).
-  `fits()` says why the step at the run's batch would not fit in memory (the
-  measurement is then skipped: the run's memory preflight says the rest)."""
+  `build()` makes the model without --layer_policy's plan (timed as a row of its
+  own); `fits()` says why the step at the run's batch would not fit in memory (the
+  measurement is then skipped: the run's memory preflight says the rest); `table()`:
+  the machine's kernel table (a pathological policy is predicted from it)."""
   stand_in = os.environ.get(ENV)
   if stand_in == "none":
     return None, None
@@ -219,10 +248,13 @@ def for_run(cfg: config.Config, build: Callable[[], keras.Model], planned_steps:
       return None, f"{ENV}={stand_in} cannot be read ({e}); nothing measured"
     found.source = f"recorded: {stand_in}"
     return found, None
-  want = cost_lib.POLICIES
+  want = [(p, "") for p in cost_lib.POLICIES] + (
+      [(cfg.policy, cfg.layer_policy)] if cfg.layer_policy else [])
   cached = cost_lib.cached(cost_lib.key_for(
       cfg, keras_fit.onednn_rewrite_on(), isa.detect()))
-  if cached and all(cached.of(p) for p in want):
+  have = lambda k: bool(cached and cached.of(*k) and not (
+      k[0] == cfg.policy and cached.of(*k).predicted))  # The run's own is timed.
+  if all(have(k) for k in want):
     return cached, None
   if planned_steps < MIN_RUN_STEPS:
     return None, (f"the step's cost per policy was not measured: this run's "
@@ -230,39 +262,33 @@ def for_run(cfg: config.Config, build: Callable[[], keras.Model], planned_steps:
   too_big = fits()
   if too_big:
     return None, f"the step's cost per policy was not measured: {too_big}"
-  missing = [p for p in want if not (cached and cached.of(p))]
-  fresh = measure(cfg, build, missing, base=cached.of("float32") if cached else None)
+  missing = [k for k in want if not have(k)]
+  fresh = measure(cfg, build, [p for p, plan in missing if not plan],
+                  base=cached.of("float32") if have(("float32", "")) else None,
+                  plans=tuple(k for k in missing if k[1]), table=table())
   if cached:  # The oneDNN choice measured some policies already: keep them.
-    fresh.policies = [cached.of(p) or fresh.of(p) for p in want]
+    fresh.policies = [cached.of(*k) if have(k) else fresh.of(*k) for k in want]
     fresh.seconds = round(cached.seconds + fresh.seconds, 2)
   cost_lib.save(fresh)
   return fresh, None
 
 
-def one_line(cost: Cost, onednn: str) -> str:
-  """`mpt: cost here, oneDNN's rewrite ..., measured in ...: float32 ~200 ms/step,
-  mixed_float16 ~740 (3.7x), ...`"""
-  ratios, parts = cost.ratios(), []
-  for p in cost.policies:
-    if not p.ms_per_step:
-      parts.append(f"{p.policy} ? ({p.stopped or 'not measured'})")
-      continue
-    ms = f"~{p.ms_per_step:,.0f}" if p.ms_per_step >= 10 else f"~{p.ms_per_step:.1f}"
-    if p.policy == "float32":
-      parts.append(f"{p.policy} {ms} ms/step")
-    else:
-      parts.append(f"{p.policy} {ms} ({ratios.get(p.policy, 0):.2g}x"
-                   + (", timing stopped early" if p.stopped else "") + ")")
-  how = (f"measured in {cost.seconds:.1f} s at batch {cost.batch}"
-         if cost.source == "measured" else cost.source)
-  return f"mpt: cost here, oneDNN's rewrite {onednn}, {how}: " + ", ".join(parts)
+def time_plan(cfg: config.Config, build: Callable[[], keras.Model], plan,
+              table: dict | None = None) -> tuple[PolicyCost | None, PolicyCost | None]:
+  """(the per-layer plan's row, its policy's row), timed side by side in one
+  measurement (mpt/records/layers.py Plan: a policy and the classes it moves)."""
+  found = measure(cfg, build, [plan.policy], plans=((plan.policy, plan.layer_policy()),),
+                  table=table)
+  return found.of(plan.policy, plan.layer_policy()), found.of(plan.policy)
 
 
 def main(argv: list[str]) -> int:
   """The oneDNN choice's child: `FLAGFILE OUT POLICIES` -> OUT holds a cost.json."""
   flagfile, out, policies = argv[1], argv[2], argv[3].split(",")
   cfg = config.from_flagfile(pathlib.Path(flagfile).read_text())
-  found = measure(cfg, lambda: model_lib.build_model(cfg, 10), policies)
+  plain = dataclasses.replace(cfg, layer_policy="")
+  found = measure(cfg, lambda: model_lib.build_model(plain, 10), policies,
+                  table=kernels.table(probe_if_missing=False)[0])
   cost_lib.write(pathlib.Path(out), found)
   return 0
 

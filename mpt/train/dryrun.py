@@ -17,6 +17,7 @@ from mpt.errors import UserError
 from mpt.measure import dtypes as dtypes_lib
 from mpt.measure import memory
 from mpt.records import rundir
+from mpt.train import layers as layers_lib
 from mpt.train import precision
 from mpt.train import preflight
 from mpt.train.model import build_model
@@ -47,10 +48,16 @@ def inspect_only(cfg: config.Config) -> dict[str, Any]:
   available, where = memory.available_mb(gpu)
   mem = preflight.table(ests, available, where)
   print(mem["text"])
+  per_layer = layers_lib.read_or_measure(cfg, model)
+  if per_layer:
+    print(layers_lib.format_table(per_layer, cfg.policy))
   run_dir = rundir.create(cfg, "inspect")
   files.write_json(run_dir / "dtypes.json", report)
   files.write_json(run_dir / "memory.json", mem)
+  if per_layer:
+    files.write_json(run_dir / "layers.json", per_layer.to_dict())
   with tf.summary.create_file_writer(str(run_dir)).as_default(step=0):
     tf.summary.text("inspect/dtypes", dtypes_lib.format_table(report, markdown=True))
   print(f"mpt: wrote {run_dir / 'dtypes.json'}")
-  return {"status": "completed", "run_dir": str(run_dir), **report, "memory": mem}
+  return {"status": "completed", "run_dir": str(run_dir), **report, "memory": mem,
+          "layer_costs": per_layer.to_dict() if per_layer else None}

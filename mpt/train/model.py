@@ -5,19 +5,55 @@ One builder for every part that needs the run's model: the training run
 timed candidates and the step's cost per policy (mpt/train/cost.py). The model itself
 comes from the registry (mpt/models); this module applies the run's flags to it:
 `--image_size`, `--model_opts`, the BatchNorm momentum and synchronisation, and
-`--batchnorm`'s layers.
+`--batchnorm`'s layers, and `--layer_policy`'s per-layer policies.
 """
+
+import re
 
 import keras
 
 from mpt import config
 from mpt import models
+from mpt.errors import UserError
 from mpt.models import fused_bn
 
 
 def build_model(cfg: config.Config, n_classes: int, replicas: int = 1) -> keras.Model:
   """The --model variant for --image_size inputs (under the caller's strategy scope),
-  with --batchnorm's layers."""
+  with --batchnorm's layers and --layer_policy's policies."""
+  model = _with_batchnorm(cfg, n_classes, replicas)
+  apply_layer_policy(model, config.layer_policies(cfg.layer_policy))
+  return model
+
+
+def apply_layer_policy(model: keras.Model, pairs: list[tuple[str, str]]) -> dict[str, int]:
+  """Sets each layer's policy to that of the first (pattern, policy) matching its
+  class or its whole name; {pattern: layers set}. UserError naming a pattern that
+  matches no layer. A built layer keeps its float32 variables (all three policies
+  keep them in float32) and computes in the new dtype from its next trace on."""
+  counts = {pattern: 0 for pattern, _ in pairs}
+  matched = set()
+  for layer in fused_bn.all_layers(model):
+    if isinstance(layer, keras.Model):
+      continue
+    hits = [(pattern, policy) for pattern, policy in pairs
+            if type(layer).__name__ == pattern or re.fullmatch(pattern, layer.name)]
+    matched.update(pattern for pattern, _ in hits)
+    if hits:
+      layer.dtype_policy = hits[0][1]
+      counts[hits[0][0]] += 1
+  for pattern, n in counts.items():
+    if pattern not in matched:
+      classes = sorted({type(l).__name__ for l in fused_bn.all_layers(model)})
+      raise UserError(f"--layer_policy: {pattern!r} matches no layer of {model.name} "
+                      f"(its classes: {', '.join(classes)})")
+    if not n:
+      raise UserError(f"--layer_policy: {pattern!r} sets no layer: an earlier "
+                      "pattern takes every layer it matches")
+  return counts
+
+
+def _with_batchnorm(cfg: config.Config, n_classes: int, replicas: int) -> keras.Model:
   size = cfg.image_size
   synchronized = cfg.sync_batchnorm and replicas > 1
   model = models.build(cfg.model, (size, size, 3), n_classes,

@@ -9,7 +9,7 @@ imports no TensorFlow: `choose(cfg)` measures this model's step (mpt/train/cost.
 in one child process per setting, where TF's default leaves the rewrite off and
 `--onednn=auto`, and keeps the faster; `--onednn=on|off` or the variable already set
 decide without measuring. The training run reads the choice back (`current`), says
-it, and records it in summary.json (`onednn`, `onednn_choice`, `tf_enable_onednn_opts`).
+it, and records it in summary.json (`onednn_choice`).
 """
 
 import os

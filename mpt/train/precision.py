@@ -42,17 +42,21 @@ def check_speed(policy: str, layer_classes, cost: Cost | None = None,
   (mpt/machine/fastpath.py); prints ONE warning when it is slow, before step 1.
 
   This model's step timed per policy (`cost`, mpt/train/cost.py) decides how slow; the
-  kernel table ($MPT_KERNELS, the cache, or a ~10 s probe; on a GPU the model's step
-  profiled per policy, `cost.gpu_kernels`) names the kernel to blame, and decides
-  alone where the step was not timed; with neither, the CPU flags do
-  (`hardware.fast_path`, the diagnosis' rule too)."""
+  kernel table ($MPT_KERNELS, the cache; on a GPU the model's step profiled per
+  policy, `cost.gpu_kernels`) names the kernel to blame. A ~10 s probe fills a
+  missing table only to explain a slowdown the step measured, or where the step was
+  not timed (the table then decides alone, and its warning says it is a guess from
+  representative shapes); with neither, the CPU flags do (`hardware.fast_path`, the
+  diagnosis' rule too)."""
   gpu_caps = hardware.gpu_compute_capabilities()
   if cost is not None and cost.gpu_kernels is not None:  # This model's, profiled.
     table, note = cost.gpu_kernels.as_table(), None
   elif gpu_caps:  # The CPU's table measures nothing a GPU runs.
     table, note = None, None
   else:
-    table, note = kernels.table()
+    measured = (cost.ratios() if cost else {}).get(policy)
+    table, note = kernels.table(probe_if_missing=measured is None
+                                or measured >= fastpath.SLOW)
   found = fastpath.verdict(policy, table, fastpath.families_of(layer_classes),
                            hardware.cpu_flags(), gpu_caps,
                            "" if gpu_caps else f"this CPU ({hardware.cpu_name()})",
@@ -69,14 +73,15 @@ def check_speed(policy: str, layer_classes, cost: Cost | None = None,
   return found
 
 
-def make_optimizer(policy: str, learning_rate: float,
-                   loss_scale: str = "dynamic") -> keras.optimizers.Optimizer:
-  """Adam; under mixed_float16 with dynamic loss scaling, or a fixed loss scale.
+def make_optimizer(policy: str, learning_rate: float, loss_scale: str = "dynamic",
+                   scaled: bool | None = None) -> keras.optimizers.Optimizer:
+  """Adam; where a layer computes in float16 (`scaled`; default: under
+  mixed_float16) with dynamic loss scaling, or a fixed loss scale.
 
   A fixed scale is Keras' `loss_scale_factor`: the loss is multiplied by it and the
   gradients divided by it, with no skipping of non-finite steps.
   """
-  if policy != "mixed_float16":
+  if not (policy == "mixed_float16" if scaled is None else scaled):
     return keras.optimizers.Adam(learning_rate)
   if loss_scale != "dynamic":
     return keras.optimizers.Adam(learning_rate, loss_scale_factor=float(loss_scale))

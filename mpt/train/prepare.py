@@ -27,17 +27,22 @@ import tensorflow as tf
 
 from mpt import config
 from mpt import files
+from mpt import flagvalues
 from mpt import injection
 from mpt import models
 from mpt import supervisor
 from mpt.errors import UserError
 from mpt.machine import gpu_table
+from mpt.machine import kernels
 from mpt.measure import dtypes as dtypes_lib
 from mpt.measure import memory
 from mpt.measure import profiler
 from mpt.measure import sampler as sampler_lib
+from mpt.records import cost as cost_records
 from mpt.records import rundir
 from mpt.records.cost import Cost, OnednnChoice
+from mpt.records import layers as layer_records
+from mpt.records.layers import LayerCosts
 from mpt.records.memory import MemoryPlan
 from mpt.records.verdict import PolicyChoice, PolicyVerdict
 from mpt.train import autopolicy
@@ -46,6 +51,7 @@ from mpt.train import cost as cost_lib
 from mpt.train import data as data_lib
 from mpt.train import distribute
 from mpt.train import keras_fit
+from mpt.train import layers as layers_lib
 from mpt.train import onednn_choice
 from mpt.train import precision
 from mpt.train import preflight
@@ -77,6 +83,7 @@ class Run:
   sampler: sampler_lib.Sampler | None  # The chief's, with --instrument.
   policy_choice: PolicyChoice | None  # --policy=auto's record.
   cost: Cost | None  # This model's step per policy (mpt/train/cost.py).
+  layer_costs: LayerCosts | None  # Its layers per policy (mpt/train/layers.py).
   onednn: OnednnChoice  # TF's oneDNN rewrite, and why.
 
   def wall_s(self) -> float:
@@ -114,7 +121,7 @@ def prepare(cfg: config.Config) -> Run:
   # replayed flags.txt run under it (runs that differ in it are not the same config).
   cfg = dataclasses.replace(cfg, onednn=onednn.label() if onednn.on is not None
                             else cfg.onednn)
-  cfg, choice = _choose_policy(cfg, data, dist, cost)
+  cfg, choice, per_layer = _choose_policy(cfg, data, dist, cost)
   policy = precision.set_policy(cfg.policy)
   print(precision.describe(policy), flush=True)
   window = profiler.parse_window(cfg.profile_steps, cfg.warmup_steps,
@@ -128,9 +135,13 @@ def prepare(cfg: config.Config) -> Run:
           flush=True)
   with dist.strategy.scope():  # Variables become mirrored (or stay local: default).
     model = build_model(cfg, len(data.class_names), dist.replicas)
-    optimizer = precision.make_optimizer(cfg.policy, cfg.learning_rate, cfg.loss_scale)
+    optimizer = precision.make_optimizer(cfg.policy, cfg.learning_rate, cfg.loss_scale,
+                                         scaled=config.scales_loss(cfg))
     optimizer.build(model.trainable_variables)  # Its slots must exist to be restored.
   verdict = precision.check_speed(cfg.policy, precision.layer_classes(model), cost)
+  if choice is None and dist.is_chief and dist.workers == 1:
+    per_layer = layers_lib.said(lambda: layers_lib.for_run(
+        cfg, model, cost, cfg.epochs * data.steps_per_epoch), cfg.policy, cost)
   inspected, mem = _inspect(cfg, model, dist, run_dir)
   ckpt = checkpoint.Checkpointer(run_dir, model, optimizer, cfg.keep_checkpoints,
                                  write_dir=out_dir)
@@ -146,7 +157,8 @@ def prepare(cfg: config.Config) -> Run:
              out_dir=out_dir, model=model, optimizer=optimizer, ckpt=ckpt,
              start_step=start_step, prior=prior, started=started, window=window,
              fault_window=fault_window, verdict=verdict, report=report, memory=mem,
-             sampler=sampler, policy_choice=choice, cost=cost, onednn=onednn)
+             sampler=sampler, policy_choice=choice, cost=cost, layer_costs=per_layer,
+             onednn=onednn)
 
 
 def _start(cfg: config.Config) -> tuple[distribute.Setup, tuple[int, int] | None]:
@@ -162,7 +174,7 @@ def _start(cfg: config.Config) -> tuple[distribute.Setup, tuple[int, int] | None
   if dist.is_chief:
     rundir.check_root(cfg)
   profiler.parse_window(cfg.profile_steps, cfg.warmup_steps, 10**12)  # Syntax, early.
-  fault_window = config.parse_steps(cfg.fault_steps, "fault_steps")
+  fault_window = flagvalues.parse_steps(cfg.fault_steps, "fault_steps")
   keras.backend.clear_session()  # Fresh graph state when runs share a process (tests).
   keras.utils.set_random_seed(cfg.seed)
   if cfg.deterministic:
@@ -193,14 +205,22 @@ def _before_step_one(cfg: config.Config, data: data_lib.Data, dist: distribute.S
     print("mpt: note: the step's cost per policy was not measured: each worker of a "
           "cluster would measure on its own", flush=True)
     return onednn, None
-  build = lambda: build_model(cfg, len(data.class_names))
-  found, note = cost_lib.for_run(cfg, build, cfg.epochs * data.steps_per_epoch,
-                                 fits=lambda: preflight.will_not_fit(cfg, build))
+  plain = dataclasses.replace(cfg, layer_policy="")  # The plan is a row of its own.
+  build = lambda: build_model(plain, len(data.class_names))
+  # The machine's cached kernel table (the probe runs only to explain a slowdown):
+  # a policy it marks pathological is predicted, not run for seconds a step.
+  table = lambda: (None if tf.config.list_logical_devices("GPU")
+                   else kernels.table(probe_if_missing=False)[0])
+  steps = cfg.epochs * data.steps_per_epoch  # --policy=auto needs it measured.
+  steps = max(steps, cost_lib.MIN_RUN_STEPS) if cfg.policy == "auto" else steps
+  found, note = cost_lib.for_run(cfg, build, steps,
+                                 fits=lambda: preflight.will_not_fit(cfg, build),
+                                 table=table)
   keras.utils.set_random_seed(cfg.seed)  # The run starts as a fresh one would.
   if note:
     print(f"mpt: note: {note}", flush=True)
   if found:
-    print(cost_lib.one_line(found, onednn.short()), flush=True)
+    print(cost_records.one_line(found, onednn.short()), flush=True)
     if found.gpu_kernels is not None:
       print(gpu_table.one_line(found.gpu_kernels), flush=True)
     elif found.gpu_kernels_note:
@@ -209,21 +229,27 @@ def _before_step_one(cfg: config.Config, data: data_lib.Data, dist: distribute.S
 
 
 def _choose_policy(cfg: config.Config, data: data_lib.Data, dist: distribute.Setup,
-                   cost: Cost | None) -> tuple[config.Config, PolicyChoice | None]:
-  """With --policy=auto: (the config with the policy measured fastest here, the
-  choice's record); otherwise (cfg, None)."""
+                   cost: Cost | None):
+  """With --policy=auto: (the config with the policy, and the per-layer plan over it,
+  measured fastest here; the choice's record; the per-layer cost it read);
+  otherwise (cfg, None, None)."""
   if cfg.policy != "auto":
-    return cfg, None
-  chosen, choice = autopolicy.choose(
-      cfg, data, dist.strategy,
-      lambda: build_model(cfg, len(data.class_names), dist.replicas),
-      predicted=cost.predicted() if cost else None,
-      kernels=cost.gpu_kernels if cost else None)
-  print(f"mpt: --policy=auto: {chosen} was fastest here\n"
+    return cfg, None, None
+  start, plan, timer, per_layer = time.perf_counter(), None, None, None
+  if cost is not None:
+    build = lambda: build_model(cfg, len(data.class_names))
+    per_layer = layers_lib.said(lambda: layers_lib.read_or_measure(cfg, build()),
+                                "float32", cost)
+    plan = (lambda best: layer_records.best_plan(per_layer, best)) if per_layer else None
+    timer = lambda p: cost_lib.time_plan(cfg, build, p)
+  chosen, layer_policy, choice = autopolicy.choose(
+      cost, plan, timer, (cost.seconds if cost else 0.0) + time.perf_counter() - start)
+  plan_words = f" with --layer_policy={layer_policy}" if layer_policy else ""
+  print(f"mpt: --policy=auto: {chosen}{plan_words} was fastest here\n"
         f"{autopolicy.format_table(choice)}", flush=True)
-  cfg = dataclasses.replace(cfg, policy=chosen)
+  cfg = dataclasses.replace(cfg, policy=chosen, layer_policy=layer_policy)
   keras.utils.set_random_seed(cfg.seed)  # The run starts as a fresh one would.
-  return cfg, choice
+  return cfg, choice, per_layer
 
 
 def _folders(cfg: config.Config,

@@ -115,8 +115,8 @@ def test_slow_input_pipeline_is_input_bound_first(runs):
 def test_healthy_runs_get_no_false_alarm(runs, name):
   report = diagnose.diagnose_run(runs / name)
   assert report["findings"] == [], report["findings"]
-  # A CPU run has no GPU capture: the GPU checks are left out, not clear.
-  gpu_checks = {n for n, need in detectors.NEEDS.items() if need in ("gpu trace", "program")}
+  # A CPU run has no GPU capture, these no per-layer cost: those checks are left out.
+  gpu_checks = {n for n, need in detectors.NEEDS.items() if need in ("gpu trace", "program", "layer cost")}
   assert set(report["checked_clear"]) == set(detectors.DETECTORS) - gpu_checks
   assert "No findings" in diagnose_report.format_report(report)
 

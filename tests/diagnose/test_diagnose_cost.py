@@ -100,3 +100,38 @@ def test_a_run_with_the_slower_onednn_setting_is_told_to_switch(spr):
   assert found["next_step"].endswith("--policy=float32 --onednn=on")
   patch(spr / F32, onednn="on")  # It ran the faster one: nothing to say.
   assert "onednn" not in [f["id"] for f in diagnose.diagnose_run(spr / F32)["findings"]]
+
+
+def _layer_costs(depthwise_bf16: float) -> dict:
+  """Per-layer costs of a chain conv1 -> dw1 -> conv2 -> dw2 (as
+  tests/records/test_layers.py): bfloat16 halves the convolutions; the depthwise
+  layers take `depthwise_bf16` ms a call under it against 2 under float32."""
+  from mpt.records.layers import Edge, LayerCosts, LayerRow
+  rows = [LayerRow("Conv2D", ["conv1", "conv2"], 2, [[8, 8, 3]],
+                   {"float32": 10.0, "mixed_bfloat16": 5.0, "mixed_float16": 6.0}),
+          LayerRow("DepthwiseConv2D", ["dw1", "dw2"], 2, [[8, 8, 16]],
+                   {"float32": 2.0, "mixed_bfloat16": depthwise_bf16,
+                    "mixed_float16": 100.0})]
+  edges = [Edge(None, "conv1", 1000), Edge("conv1", "dw1", 1_000_000),
+           Edge("dw1", "conv2", 1_000_000), Edge("conv2", "dw2", 1_000_000)]
+  casts = {f"{a}>{b}": [0.1, 1.0] for a in ("float32", "bfloat16", "float16")
+           for b in ("float32", "bfloat16", "float16") if a != b}
+  return LayerCosts({"model": "m"}, 32, rows, edges, casts,
+                    {"float32": 3.0, "mixed_float16": 4.0}).to_dict()
+
+
+def test_the_layer_classes_that_make_bfloat16_slower_are_named_with_the_plan(spr):
+  run = patch(spr / BF16, layer_costs=_layer_costs(6.0))
+  found = {f["id"]: f for f in diagnose.diagnose_run(run)["findings"]}
+  slow = found["slow_layers"]
+  assert slow["title"] == ("DepthwiseConv2D slower under mixed_bfloat16 here (3x "
+                           "float32's time, 48% of the step)")
+  assert slow["evidence"][0].endswith(
+      "DepthwiseConv2D: 2 layers, 48% of the bfloat16 step, 3.0x their float32 time")
+  assert slow["next_step"].endswith(
+      "--policy=mixed_bfloat16 --layer_policy=DepthwiseConv2D=float32")
+  assert slow["based_on"] == ["layer cost"]
+  # Depthwise layers as fast as float32's: nothing to say.
+  quiet = patch(spr / BF16, layer_costs=_layer_costs(2.0))
+  ids = [f["id"] for f in diagnose.diagnose_run(quiet)["findings"]]
+  assert "slow_layers" not in ids

@@ -105,7 +105,8 @@ def test_every_other_variant_trains_end_to_end(tiny, name):
   assert summary["model_opts"] == opts and 0 <= summary["val_accuracy"] <= 1
   run = pathlib.Path(summary["run_dir"])
   dtypes = json.loads((run / "dtypes.json").read_text())
-  built = models.build(name, (32, 32, 3), 10, **SMALL.get(name, {}))
+  size = summary["image_size"]
+  built = models.build(name, (size, size, 3), 10, **SMALL.get(name, {}))
   assert dtypes["params"] == built.count_params()
   assert f"--model={name}" in (run / "flags.txt").read_text()
   assert (run / "diagnosis.json").is_file()

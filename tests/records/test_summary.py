@@ -94,7 +94,10 @@ def test_a_whole_summary_survives_the_file_unchanged(tmp_path):
   s = full_summary()
   s.write(tmp_path / "summary.json")
   written = json.loads((tmp_path / "summary.json").read_text())
-  assert written["schema_version"] == summary_lib.SCHEMA_VERSION == 4
+  assert written["schema_version"] == summary_lib.SCHEMA_VERSION == 5
+  # No copies of other records: each fact once.
+  assert not {"slow_path_warning", "onednn", "tf_enable_onednn_opts",
+              "microbench_gflops"} & set(written)
   assert "kernels" not in written and written["policy_verdict"]["evidence"] == "cost"
   # The estimate writes its derived totals for readers of the file, as before.
   assert written["memory"]["estimate"]["total_mb"] == round(s.memory.estimate.total_mb, 1)
@@ -124,6 +127,25 @@ def test_older_versions_read_through_one_set_of_rules():
   v3 = RunSummary.from_dict({"schema_version": 3, "kernels": {"evidence": "probe"}},
                             unknown)
   assert v3.policy_verdict is None and unknown == ["kernels"]
+
+
+def test_a_version_4_files_copies_are_folded_into_the_records_they_copied():
+  v4 = {"schema_version": 4, "compute_dtype": "bfloat16",
+        "slow_path_warning": "w", "policy_verdict": {"evidence": "cost", "text": "w"},
+        "onednn": "off", "tf_enable_onednn_opts": "0",
+        "onednn_choice": {"on": True, "env": None, "tf_default": True},
+        "microbench_gflops": 55.0, "microbench_gflops_by_dtype": {"float32": 40.0}}
+  unknown = []
+  s = RunSummary.from_dict(v4, unknown)
+  assert unknown == [] and s.slow_path_warning == "w"
+  # A copy an older reader read (and a test edited) wins over the record it copied.
+  assert (s.onednn, s.tf_enable_onednn_opts) == ("off", "0")
+  assert s.onednn_choice.on is False and s.onednn_choice.tf_default is True
+  assert s.microbench_gflops == 55.0 and s.microbench_gflops_by_dtype == {
+      "float32": 40.0, "bfloat16": 55.0}
+  bare = RunSummary.from_dict({"schema_version": 3, "onednn": "on"})
+  assert bare.onednn == "on" and bare.onednn_choice.env is None
+  assert RunSummary.from_dict({"schema_version": 4}).onednn is None
 
 
 def test_a_sub_record_that_is_not_one_fails_loudly(tmp_path):

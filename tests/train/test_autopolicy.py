@@ -1,18 +1,17 @@
 """The measured warning before step 1 and `--policy=auto`, on recorded kernel tables
 (tests/data/kernels) standing in for this machine's; nothing here times anything."""
 
-import contextlib
 import json
 import math
-import types
 
-import keras
 import pytest
 
 from mpt import config
 from mpt.errors import UserError
 from mpt.sweep import run as sweep
 from mpt.sweep.options import SweepOptions
+from mpt.records.cost import Cost, PolicyCost
+from mpt.records.layers import Plan
 from mpt.train import autopolicy
 
 from helpers import CPUINFO, DATA, mpt_forked, read_events, tiny_flags, train_run
@@ -48,7 +47,7 @@ def test_the_users_command_warns_once_before_step_1_on_spr_evidence(tmp_path):
     assert words in warnings[0], (words, warnings[0])
   run = next(p for p in (tmp_path / "logs").iterdir() if p.is_dir())  # Not runs.csv.
   summary = json.loads((run / "summary.json").read_text())
-  assert summary["slow_path_warning"] == warnings[0][len("WARNING: "):]
+  assert summary["policy_verdict"]["text"] == warnings[0][len("WARNING: "):]
   verdict = summary["policy_verdict"]
   assert verdict["evidence"] == "probe" and verdict["slow"]
   assert "intel_spr_amx_recorded.json" in verdict["source"]
@@ -62,121 +61,108 @@ def test_no_warning_where_nothing_is_measured_slow(tmp_path, kernels, policy):
   assert "WARNING: mixed" not in out, out
 
 
-def test_auto_picks_the_fastest_finite_candidate_and_records_it(tiny, tmp_path):
-  """Timed for real, so which policy is fastest is this host's: the choice is checked
-  against the recorded times and the records of the run that trained with it (the
-  choice itself against literals on a scripted clock: the tests below)."""
+def test_auto_picks_the_fastest_finite_candidate_and_records_it(tiny, monkeypatch):
+  """Measured for real (the step's cost, the one measurement before step 1), so which
+  policy is fastest is this host's: the choice is checked against the measurement
+  and the records of the run that trained with it."""
+  monkeypatch.delenv("MPT_COST")
+  monkeypatch.setenv("MPT_CACHE", str(tiny().logdir) + "-cache")  # Measured here.
   run = train_run(tiny(policy="auto", epochs=1, loop="custom"))["run_dir"]
   summary = json.loads(open(f"{run}/summary.json").read())  # What tools read.
-  choice = summary["policy_choice"]
-  assert (choice["requested"], choice["steps_timed"]) == ("auto", 3)
-  # float32 first: the others are judged against its first step and speed.
+  choice, cost = summary["policy_choice"], summary["cost"]
+  assert choice["requested"] == "auto" and cost["source"] == "measured"
   assert [r["policy"] for r in choice["candidates"]] == [
       "float32", "mixed_bfloat16", "mixed_float16"]
+  # The choice's rows are the measurement's, not a second timing.
+  measured = {r["policy"]: r["ms_per_step"] for r in cost["policies"]}
   rows = {r["policy"]: r for r in choice["candidates"]}
+  assert {p: r["ms_per_step"] for p, r in rows.items()} == measured
   usable = {p: r["ms_per_step"] for p, r in rows.items()
-            if r["ms_per_step"] is not None and r["finite"]}
+            if r["ms_per_step"] is not None and r["finite"] and not r["dropped"]}
   assert choice["chosen"] == min(usable, key=usable.get)
-  assert choice["seconds"] > 0 and rows["float32"]["vs_float32"] == 1.0
-  assert rows["float32"]["first_ms"] > 0 and rows["float32"]["dropped"] is None
+  assert rows["float32"]["vs_float32"] == 1.0 and rows["float32"]["first_ms"] > 0
   # The run trained under the chosen policy: its flags, and its layers' dtypes.
   flags = open(f"{run}/flags.txt").read()
   assert f"--policy={choice['chosen']}\n" in flags and "--policy=auto" not in flags
-  compute = {"float32": "float32", "mixed_bfloat16": "bfloat16",
-             "mixed_float16": "float16"}[choice["chosen"]]
+  compute = config.POLICY_DTYPE[choice["chosen"]]
   assert (summary["policy"], summary["compute_dtype"]) == (choice["chosen"], compute)
   layers = json.loads(open(f"{run}/dtypes.json").read())["layers"]
   assert compute in {l["compute_dtype"] for l in layers}
   assert "precision/policy_choice" in read_events(run)
 
 
-class ScriptedClock:
-  """autopolicy's `time` module: a clock that moves only when a fake step runs."""
-
-  def __init__(self):
-    self.now = 0.0
-
-  def perf_counter(self) -> float:
-    return self.now
-
-
-def choose_on(monkeypatch, clock, steps_class, **kwargs):
-  """autopolicy.choose with `steps_class` for mpt's compiled steps, on `clock`: one
-  device, a dataset of empty batches, no model."""
-
-  class Strategy:
-    scope = staticmethod(contextlib.nullcontext)
-    experimental_distribute_dataset = staticmethod(lambda ds: ds)
-
-  data = types.SimpleNamespace(train_from=lambda step: iter([(None, None)] * 10))
-  monkeypatch.setattr(autopolicy, "time", clock)
-  monkeypatch.setattr(autopolicy.steps_lib, "Steps", steps_class)
-  return autopolicy.choose(config.Config(), data, Strategy(), lambda: None, **kwargs)
+def _cost(**ms) -> Cost:
+  """A measurement: {policy: ms} (None: not timed), "finite_POLICY"=False, and
+  "predicted_POLICY"=True for a row the kernel table predicted."""
+  rows = []
+  for policy in config.POLICY_DTYPE:
+    predicted = ms.get(f"predicted_{policy}", False)
+    rows.append(PolicyCost(policy, ms_per_step=ms.get(policy), first_ms=ms.get(policy),
+                           steps_timed=0 if predicted else 2, predicted=predicted,
+                           finite=ms.get(f"finite_{policy}", True),
+                           stopped="predicted from the kernel table" if predicted
+                           else None))
+  return Cost({}, True, 32, rows, seconds=3.0)
 
 
-def test_auto_drops_a_candidate_whose_first_step_is_too_slow_and_a_non_finite_one(
-    monkeypatch):
-  """The real timing and drop rule (autopolicy._time_policy) on a scripted clock:
-  each policy's steps take the scripted ms (first step, then the rest) and end with
-  the scripted loss. Nothing is trained."""
-  script = {"float32": ([1000.0, 100.0, 110.0, 90.0], 0.5),
-            "mixed_bfloat16": ([900.0, 60.0, 60.0, 60.0], float("nan")),
-            "mixed_float16": ([6000.0, 30.0, 30.0, 30.0], 0.5)}
-  clock, ran = ScriptedClock(), {}
-
-  class Steps:  # mpt's compiled steps: here a step is the clock moving on.
-    def __init__(self, model, optimizer, **kwargs):
-      self.policy = keras.mixed_precision.global_policy().name
-      self.times = iter(script[self.policy][0])
-
-    def train_step(self, images, labels):
-      clock.now += next(self.times) / 1e3
-      ran[self.policy] = ran.get(self.policy, 0) + 1
-      return {"loss": script[self.policy][1]}
-  chosen, choice = choose_on(monkeypatch, clock, Steps)
+def test_the_fastest_finite_timed_policy_is_chosen_from_the_measurement():
+  chosen, plan, choice = autopolicy.choose(_cost(
+      float32=100.0, mixed_bfloat16=60.0, finite_mixed_bfloat16=False,
+      mixed_float16=30.0, predicted_mixed_float16=True))
+  # bfloat16 is faster but its loss was not finite; float16 was only predicted.
+  assert (chosen, plan) == ("float32", "")
   rows = {r.policy: r for r in choice.candidates}
-  # bfloat16 is fastest but its loss was not finite; float16's first step was more
-  # than 5x the best usable first step (float32's 1000 ms), so it stopped there.
-  assert chosen == "float32" and ran == {"float32": 4, "mixed_bfloat16": 4,
-                                         "mixed_float16": 1}
-  assert rows["float32"].ms_per_step == pytest.approx(100.0)  # Median of the rest.
-  assert rows["mixed_bfloat16"].finite is False and rows["mixed_bfloat16"].dropped is None
-  assert rows["mixed_float16"].ms_per_step is None
-  assert rows["mixed_float16"].dropped == "first step > 5x the best so far (6000 ms)"
-  table = autopolicy.format_table(choice)
-  assert "non-finite loss" in table and "first step > 5x" in table and "chosen" in table
+  assert rows["mixed_float16"].predicted_ms == 30.0
   assert math.isclose(rows["mixed_bfloat16"].vs_float32, 100 / 60)
-  assert choice.seconds == pytest.approx(1.3 + 1.08 + 6.0)  # On the scripted clock.
-
-
-@pytest.mark.parametrize("predicted,timed,chosen", [
-    # bfloat16 predicted fastest; float32 within 1.5x of it is in doubt, float16 not.
-    ({"float32": 100.0, "mixed_bfloat16": 80.0, "mixed_float16": 400.0},
-     {"float32", "mixed_bfloat16"}, "mixed_bfloat16"),
-    # Nothing within 1.5x of bfloat16's prediction: chosen without timing anything.
-    ({"float32": 130.0, "mixed_bfloat16": 80.0, "mixed_float16": 400.0}, set(),
-     "mixed_bfloat16"),
-])
-def test_a_measured_cost_leaves_only_the_policies_in_doubt_to_time(
-    predicted, timed, chosen, monkeypatch):
-  ran, clock = set(), ScriptedClock()
-
-  class Steps:  # A step is the clock moving on by the prediction: it was right.
-    def __init__(self, model, optimizer, **kwargs):
-      self.policy = keras.mixed_precision.global_policy().name
-
-    def train_step(self, images, labels):
-      ran.add(self.policy)
-      clock.now += predicted[self.policy] / 1e3
-      return {"loss": 0.5}
-  got, choice = choose_on(monkeypatch, clock, Steps, predicted=predicted)
-  rows = {r.policy: r for r in choice.candidates}
-  assert ran == timed and got == chosen
-  assert rows["mixed_float16"].dropped == ("predicted 5x the fastest (~400 ms/step): "
-                                           "not timed")
-  assert choice.steps_timed == (3 if timed else 0)
   table = autopolicy.format_table(choice)
-  assert ("chosen on its predicted cost, not timed" in table) is (not timed)
+  assert "non-finite loss" in table and "predicted from the kernel table" in table
+  assert choice.seconds == 3.0 and choice.steps_timed == 2
+  guess = autopolicy.choose(None)
+  assert guess[:2] == ("float32", "") and "a guess" in guess[2].note
+
+
+def _plan(policy="mixed_bfloat16", **by_class) -> Plan:
+  return Plan(policy, by_class or {"DepthwiseConv2D": "float32"}, 80.0, {})
+
+
+@pytest.mark.parametrize("plan_ms, adopted", [(94.0, True), (95.0, True),
+                                               (97.0, False)])
+def test_a_plan_is_adopted_only_when_measured_5_percent_faster_side_by_side(
+    plan_ms, adopted):
+  """The per-layer costs' plan is timed beside the best uniform policy (its own row,
+  timed again in the same measurement, 100 ms), not against the earlier 90 ms."""
+  asked = []
+
+  def time_plan(plan):
+    asked.append(plan.layer_policy())
+    return (PolicyCost("mixed_bfloat16", ms_per_step=plan_ms,
+                       layer_policy=plan.layer_policy()),
+            PolicyCost("mixed_bfloat16", ms_per_step=100.0))
+  chosen, plan, choice = autopolicy.choose(
+      _cost(float32=120.0, mixed_bfloat16=90.0, mixed_float16=400.0),
+      lambda best: _plan(best), time_plan)
+  assert asked == ["DepthwiseConv2D=float32"] and chosen == "mixed_bfloat16"
+  assert plan == ("DepthwiseConv2D=float32" if adopted else "")
+  assert choice.layer_policy == plan
+  assert choice.note.startswith("adopted" if adopted else "not adopted (needs 5%)")
+  rows = [(r.policy, r.layer_policy, r.ms_per_step) for r in choice.candidates[-2:]]
+  assert rows == [("mixed_bfloat16", "", 100.0),
+                  ("mixed_bfloat16", "DepthwiseConv2D=float32", plan_ms)]
+  table = autopolicy.format_table(choice)
+  assert "mixed_bfloat16 with DepthwiseConv2D=float32" in table
+
+
+def test_the_plan_is_sought_over_the_policy_the_whole_step_measured_fastest():
+  """The per-layer sums may rank the policies otherwise (ResNet50 at 64 px on a
+  Sapphire Rapids: float32 by the sums, mixed_bfloat16 by the step): the plan starts
+  from the step's best, and a plan that moves nothing is not timed."""
+  asked = []
+  never = lambda plan: pytest.fail("timed")
+  cost = _cost(float32=100.0, mixed_bfloat16=120.0, mixed_float16=400.0)
+  chosen, plan, choice = autopolicy.choose(
+      cost, lambda best: asked.append(best) or Plan(best, {}, 99.0, {}), never)
+  assert asked == ["float32"] and (chosen, plan) == ("float32", "")
+  assert "predict no plan faster than --policy=float32" in choice.note
 
 
 def test_auto_is_for_single_training_runs(tiny, tmp_path):

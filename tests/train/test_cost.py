@@ -93,6 +93,65 @@ def test_each_policy_is_timed_float32_first_and_a_clearly_slow_one_is_cut_short(
   assert found.key["model"] == "seed_convnet" and found.key["image_size"] == 16
 
 
+SPR_TABLE = DATA / "kernels" / "intel_spr_amx_recorded.json"
+
+
+@pytest.mark.parametrize("policy", ["float32", "mixed_float16"])
+def test_a_policy_the_kernel_table_marks_pathological_is_predicted_not_run(
+    policy, monkeypatch):
+  """The recorded Sapphire Rapids table puts float16's convolutions ~100x float32's:
+  that policy's step is float32's by the table's ratio and never runs, unless it is
+  the run's own policy (then it is timed, and stops after its slow first call)."""
+  table = json.loads(SPR_TABLE.read_text())
+  clock = ScriptedCalls({"float32": [40.0, 20.0, 10.0, 10.0],
+                         "mixed_bfloat16": [30.0, 15.0, 5.0, 5.0],
+                         "mixed_float16": [4000.0]})
+  monkeypatch.setattr(cost.steps_lib, "Steps", clock.counting(cost.steps_lib.Steps))
+  cfg = tiny_cfg(policy=policy)
+  found = cost.measure(cfg, build(cfg), list(cost_lib.POLICIES), clock=clock,
+                       table=table)
+  ratio = fastpath.policy_ratios(table, ["conv", "batchnorm", "matmul"])["mixed_float16"]
+  assert ratio >= cost.PATHOLOGICAL  # What the recording says, checked here.
+  f16 = found.of("mixed_float16")
+  if policy == "float32":
+    assert "mixed_float16" not in clock.calls
+    assert f16.predicted and f16.ms_per_step == pytest.approx(10.0 * ratio, rel=1e-3)
+    assert f16.stopped.startswith("predicted from the kernel table")
+    assert "predicted from the kernel table" in cost_lib.one_line(found, "on")
+  else:
+    assert clock.calls["mixed_float16"] == 1 and not f16.predicted
+  assert found.of("mixed_bfloat16").ms_per_step == 5.0 and not found.of(
+      "mixed_bfloat16").predicted
+
+
+def test_a_per_layer_plan_is_timed_as_a_row_of_its_own(monkeypatch):
+  """--layer_policy's plan over a policy is built with its layers moved and the loss
+  scaled where one of them computes in float16, beside the uniform rows."""
+  built = []
+  clock = ScriptedCalls({"float32": [40.0, 20.0, 10.0, 10.0],
+                         "mixed_bfloat16": [30.0, 15.0, 8.0, 8.0]})
+  counted = clock.counting(cost.steps_lib.Steps)
+
+  class Seen(counted):
+    def __init__(self, model, optimizer, **kwargs):
+      built.append(({l.name: l.dtype_policy.name for l in model.layers}, optimizer))
+      super().__init__(model, optimizer, **kwargs)
+
+  monkeypatch.setattr(cost.steps_lib, "Steps", Seen)
+  cfg = tiny_cfg()
+  found = cost.measure(cfg, build(cfg), ["float32"], clock=clock,
+                       plans=(("mixed_bfloat16", "logits=mixed_float16"),))
+  plan = found.of("mixed_bfloat16", "logits=mixed_float16")
+  assert plan.ms_per_step == 8.0 and found.of("float32").ms_per_step == 10.0
+  assert found.plans() == [plan] and found.predicted() == {"float32": 10.0}
+  assert found.of("mixed_bfloat16") is None  # Only the plan was asked for.
+  (uniform, opt1), (moved, opt2) = built
+  assert set(uniform.values()) == {"float32"}
+  assert moved["logits"] == "mixed_float16" and moved["conv1"] == "mixed_bfloat16"
+  assert not isinstance(opt1, keras.optimizers.LossScaleOptimizer)
+  assert isinstance(opt2, keras.optimizers.LossScaleOptimizer)
+
+
 def recorded(tmp_path, ms: dict[str, float], **changes) -> pathlib.Path:
   found = Cost(key={}, onednn=True, batch=32, policies=[
       PolicyCost(p, ms_per_step=v) for p, v in ms.items()], **changes)
@@ -119,7 +178,7 @@ def test_measured_once_then_read_from_the_cache_and_short_runs_skip_it(monkeypat
   monkeypatch.delenv("MPT_COST")
   calls = []
 
-  def fake_measure(cfg, build, policies, base=None):
+  def fake_measure(cfg, build, policies, base=None, **_):
     calls.append(list(policies))
     return Cost(key(cfg), precision_onednn(), 32,
                 [PolicyCost(p, ms_per_step=1.0 + i) for i, p in enumerate(policies)])
@@ -153,7 +212,7 @@ def test_a_partial_cache_of_the_onednn_choice_is_completed_not_remeasured(monkey
                      [f32, PolicyCost("mixed_float16", ms_per_step=150.0)]))
   seen = {}
 
-  def fake_measure(cfg, build, policies, base=None):
+  def fake_measure(cfg, build, policies, base=None, **_):
     seen.update(policies=list(policies), base=base)
     return Cost(key(cfg), precision_onednn(), 32,
                 [base, PolicyCost("mixed_bfloat16", ms_per_step=25.0)])
@@ -169,7 +228,7 @@ def test_the_line_before_step_1(tmp_path):
   found = cost_lib.read(recorded(tmp_path, {"float32": 200.0, "mixed_bfloat16": 2400.0,
                                             "mixed_float16": 740.0}))
   found.source, found.seconds = "measured", 6.1
-  line = cost.one_line(found, "off (TF's default)")
+  line = cost_lib.one_line(found, "off (TF's default)")
   assert line == ("mpt: cost here, oneDNN's rewrite off (TF's default), measured in 6.1 s "
                   "at batch 32: "
                   "float32 ~200 ms/step, mixed_bfloat16 ~2,400 (12x), "
@@ -223,11 +282,11 @@ def test_the_users_command_on_a_recorded_cost_prints_warns_records_and_replays(
   summary = json.loads((run / "summary.json").read_text())
   assert summary["policy_verdict"]["evidence"] == "cost"
   assert summary["cost"]["source"] == f"recorded: {path}"
-  assert summary["onednn"] in ("on", "off")
-  assert f"--onednn={summary['onednn']}" in (run / "flags.txt").read_text().split()
+  state = "on" if summary["onednn_choice"]["on"] else "off"
+  assert f"--onednn={state}" in (run / "flags.txt").read_text().split()
 
 
-def test_auto_on_a_clear_prediction_times_nothing(tmp_path):
+def test_auto_reads_the_one_measurement_and_times_nothing_more(tmp_path):
   path = recorded(tmp_path, {"float32": 200.0, "mixed_bfloat16": 2400.0,
                              "mixed_float16": 740.0})
   proc = mpt_forked(*tiny_flags(tmp_path, "--epochs=1", "--policy=auto"),
@@ -236,8 +295,12 @@ def test_auto_on_a_clear_prediction_times_nothing(tmp_path):
   run = next(p for p in (tmp_path / "logs").iterdir() if p.is_dir())
   summary = json.loads((run / "summary.json").read_text())
   assert summary["policy"] == "float32"
-  assert summary["policy_choice"]["steps_timed"] == 0
-  assert "chosen on its predicted cost, not timed" in proc.stdout
+  choice = summary["policy_choice"]
+  assert [(c["policy"], c["ms_per_step"]) for c in choice["candidates"]] == [
+      ("float32", 200.0), ("mixed_bfloat16", 2400.0), ("mixed_float16", 740.0)]
+  assert choice["steps_timed"] == 0 and choice["layer_policy"] == ""
+  assert choice["note"] == "no per-layer cost here: no plan considered"
+  assert "mpt: --policy=auto: float32 was fastest here" in proc.stdout
 
 
 def test_a_step_that_would_not_fit_in_memory_is_not_measured(monkeypatch):

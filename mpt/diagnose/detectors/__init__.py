@@ -4,6 +4,7 @@ runs, in what order, and which finding supersedes which.
 
   kernels.py    the policy verdict before training (step cost, kernel probe) and,
                 where nothing was measured, the CPU flags / compute capability
+  layers.py     the per-layer cost: the layer classes a 16-bit policy makes slower
   speed.py      the measured speed against the runs next to it, the oneDNN setting
   timing.py     the run's own step timing and the utilisation sampler
   shapes.py     the model's layers (dtypes.json) beside the trace
@@ -21,7 +22,8 @@ recorded run folders and on their threshold edges (tests/diagnose/).
 import functools
 from typing import Callable
 
-from mpt.diagnose.detectors import gpu, kernels, precision, shapes, speed, timing
+from mpt.diagnose.detectors import gpu, kernels, layers, precision, shapes, speed
+from mpt.diagnose.detectors import timing
 from mpt.diagnose.evidence import Evidence
 from mpt.diagnose.findings import Finding
 from mpt.diagnose.gpu_evidence import GpuEvidence
@@ -38,7 +40,8 @@ def _on_gpu(rule: Callable[[GpuEvidence], Finding | None]):
 # In the order the diagnosis lists what it checked.
 DETECTORS: dict[str, Callable[[Evidence], Finding | None]] = {
     "slow_kernel": kernels.slow_kernel, "hardware": kernels.hardware,
-    "opportunity": kernels.opportunity, "loss_scale": precision.loss_scale,
+    "opportunity": kernels.opportunity, "slow_layers": layers.slow_layers,
+    "loss_scale": precision.loss_scale,
     "loss_never_scaled": precision.loss_never_scaled,
     "input_bound": timing.input_bound, "low_utilisation": timing.low_utilisation,
     "shared_machine": timing.shared_machine, "misaligned": shapes.misaligned,
@@ -61,10 +64,11 @@ SUPERSEDED_BY = {
 }
 # Detectors that need a file the run may lack (a --noinstrument run has no dtypes, a
 # CPU run no GPU capture).
-NEEDS = {"misaligned": "dtypes.json", "float32_work": "dtypes.json",
+NEEDS = {"slow_layers": "layer cost", "misaligned": "dtypes.json", "float32_work": "dtypes.json",
          "batchnorm_cost": "dtypes.json", "loss_never_scaled": "program",
          **{name: "gpu trace" for name in gpu.RULES}}
 _HAS = {"dtypes.json": lambda ev: ev.dtypes is not None,
+        "layer cost": lambda ev: ev.summary.layer_costs is not None,
         "program": lambda ev: ev.summary.program is not None,
         "gpu trace": lambda ev: ev.gpu is not None}
 
