@@ -29,6 +29,9 @@ flags.DEFINE_list("models", ["seed_convnet:64:32", "keras:MobileNetV2:96:16",
                              "keras:EfficientNetB0:64:16", "keras:ResNet50:64:16"],
                   "NAME:IMAGE_SIZE:BATCH per model.")
 flags.DEFINE_integer("steps", 8, "Timed steps per candidate of the whole step.")
+flags.DEFINE_list("plans", [], "More plans to time beside the rest, each "
+                  "POLICY/LAYER_POLICY (e.g. mixed_bfloat16/DepthwiseConv2D=float32; "
+                  "`;` between a plan's patterns).")
 flags.DEFINE_string("one", "", "Internal: measure this one model and print JSON.")
 FLAGS = flags.FLAGS
 
@@ -48,6 +51,8 @@ def _one(spec: str) -> dict:
   plan = records.best_plan(found)
   cost.TIMED_STEPS = FLAGS.steps
   plans = ((plan.policy, plan.layer_policy()),) if plan and plan.by_class else ()
+  asked = tuple(tuple(p.replace(";", ",").split("/", 1)) for p in FLAGS.plans)
+  plans += asked
   step = cost.measure(cfg, lambda: model_lib.build_model(cfg, 10),
                       list(config.POLICY_DTYPE), plans=plans, table=table)
   rows = {}
@@ -56,12 +61,20 @@ def _one(spec: str) -> dict:
     rows[p] = {"step_ms": timed.ms_per_step, "predicted": timed.predicted,
                "layers_ms": summed["total"] if summed else None,
                "slower": records.describe_slow(found, p) if p != "float32" else None}
-  plan_row = step.of(*plans[0]) if plans else None
+  plan_row = step.of(*plans[0]) if plans and plans[0] not in asked else None
+  extra = {f"{p}/{lp}": {"step_ms": step.of(p, lp).ms_per_step,
+                         "layers_ms": (found.predict(p, _by_class(lp)) or {}).get("total")}
+           for p, lp in asked}
   return {"model": spec, "cpu": hardware.cpu_name(), "rows": rows,
           "layer_seconds": found.seconds, "plan": plan.layer_policy() if plan else None,
           "plan_policy": plan.policy if plan else None,
           "plan_predicted_ms": plan.predicted_ms if plan else None,
-          "plan_step_ms": plan_row.ms_per_step if plan_row else None}
+          "plan_step_ms": plan_row.ms_per_step if plan_row else None, "asked": extra}
+
+
+def _by_class(layer_policy: str) -> dict[str, str]:
+  """A plan of class patterns as the record prices it ({class: policy})."""
+  return dict(item.split("=", 1) for item in layer_policy.split(",") if item)
 
 
 def _report(r: dict) -> None:
@@ -84,6 +97,10 @@ def _report(r: dict) -> None:
           f"({r['plan_step_ms'] / timed[best] - 1:+.1%} against {best})")
   else:
     print(f"plan: none predicted faster than --policy={r['plan_policy']}")
+  for name, v in r.get("asked", {}).items():
+    summed = f"{v['layers_ms']:,.1f}" if v["layers_ms"] else "-"
+    print(f"asked: {name}: measured {v['step_ms']:,.1f} ms ({v['step_ms'] / timed[best] - 1:+.1%} "
+          f"against {best}), per-layer sum {summed}")
 
 
 def main(argv) -> None:
@@ -101,8 +118,8 @@ def main(argv) -> None:
       env = {**os.environ, "MPT_CACHE": cache, "TF_CPP_MIN_LOG_LEVEL": "2",
              "MPT_KERNELS": os.environ.get("MPT_KERNELS", str(table))}
       proc = subprocess.run([sys.executable, __file__, f"--one={spec}",
-                             f"--steps={FLAGS.steps}"], env=env, text=True,
-                            capture_output=True)
+                             f"--steps={FLAGS.steps}", f"--plans={','.join(FLAGS.plans)}"],
+                            env=env, text=True, capture_output=True)
     lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
     if not lines:
       print(f"\n{spec}: failed\n{proc.stderr[-2000:]}")

@@ -26,6 +26,8 @@ SLOW_KERNELS = fastpath.SLOW  # the probe's time over float32's for this model's
                              # from which the policy's kernels are slow (2x)
 OPPORTUNITY = 1.3            # another policy's measured op time this many times
                              # faster than the run's: worth switching
+XLA_MARGIN = 0.20           # a run with XLA whose step measured this much slower
+                            # than without it before step 1
 ONEDNN_MARGIN = 0.10         # the oneDNN setting a run ran measured this much slower
                              # than the other: worth switching
 # GPU captures (mpt/diagnose/detectors/gpu.py); shares of the capture's kernel time

@@ -47,6 +47,8 @@ class PolicyCost:
   layer_policy: str = ""
   predicted: bool = False  # ms_per_step is float32's by the kernel table's ratio.
   finite: bool = True  # The loss of every call timed was finite.
+  # The XLA setting where it is not the run's (--jit_compile's other), else None.
+  jit_compile: bool | None = None
 
 
 @dataclasses.dataclass
@@ -63,14 +65,16 @@ class Cost:
   gpu_kernels: GpuKernelTable | None = None
   gpu_kernels_note: str | None = None
 
-  def of(self, policy: str, layer_policy: str = "") -> PolicyCost | None:
+  def of(self, policy: str, layer_policy: str = "",
+         jit_compile: bool | None = None) -> PolicyCost | None:
     return next((p for p in self.policies if p.policy == policy
-                 and p.layer_policy == layer_policy), None)
+                 and p.layer_policy == layer_policy and p.jit_compile == jit_compile),
+                None)
 
   def predicted(self) -> dict[str, float]:
     """{policy: predicted ms/step} for the uniform policies measured."""
     return {p.policy: p.ms_per_step for p in self.policies
-            if p.ms_per_step and not p.layer_policy}
+            if p.ms_per_step and not p.layer_policy and p.jit_compile is None}
 
   def plans(self) -> list[PolicyCost]:
     """The per-layer plans timed beside the uniform policies."""
@@ -126,12 +130,14 @@ def one_line(cost: Cost, onednn: str) -> str:
   mixed_float16 ~740 (3.7x), ...`"""
   base, parts = cost.predicted().get("float32"), []
   for p in cost.policies:
-    name = p.policy + (f" with {p.layer_policy}" if p.layer_policy else "")
+    name = p.policy + (f" with {p.layer_policy}" if p.layer_policy else "") + (
+        f" with XLA {'on' if p.jit_compile else 'off'}" if p.jit_compile is not None
+        else "")
     if not p.ms_per_step:
       parts.append(f"{name} ? ({p.stopped or 'not measured'})")
       continue
     ms = f"~{p.ms_per_step:,.0f}" if p.ms_per_step >= 10 else f"~{p.ms_per_step:.1f}"
-    if p.policy == "float32" and not p.layer_policy:
+    if p.policy == "float32" and not p.layer_policy and p.jit_compile is None:
       parts.append(f"{name} {ms} ms/step")
     else:
       how = (", predicted from the kernel table" if p.predicted else

@@ -19,12 +19,13 @@ cores.
 
 from typing import Callable
 
-from mpt.config import POLICY_DTYPE
+from mpt.config import POLICY_DTYPE, Config
 from mpt.machine import gpu_table
 from mpt.records.cost import Cost, PolicyCost
 from mpt.records.gpu import GpuKernelTable
 from mpt.records.layers import Plan
 from mpt.records.verdict import Candidate, PolicyChoice
+from mpt.train import cost as cost_lib
 
 CANDIDATES = tuple(POLICY_DTYPE)
 MARGIN = 0.05  # A plan must measure this much faster than the best uniform policy.
@@ -103,6 +104,15 @@ def choose(cost: Cost | None, plan_for: Callable[[str], Plan | None] | None = No
   timed = max((cost.of(p).steps_timed for p in CANDIDATES if cost.of(p)), default=0)
   return best.policy, layer_policy, PolicyChoice(
       "auto", best.policy, timed, rows, round(seconds, 2), layer_policy, note)
+
+
+def time_plan(cfg: Config, build: Callable, plan: Plan
+              ) -> tuple[PolicyCost | None, PolicyCost | None]:
+  """(the per-layer plan's row, its policy's row), timed side by side in one
+  measurement of the step (mpt/train/cost.py), float32 first as always."""
+  found = cost_lib.measure(cfg, build, [plan.policy],
+                           plans=((plan.policy, plan.layer_policy()),))
+  return found.of(plan.policy, plan.layer_policy()), found.of(plan.policy)
 
 
 def format_table(choice: PolicyChoice, markdown: bool = False) -> str:

@@ -1,33 +1,27 @@
 """What this model's training step costs here under each policy, measured before step 1.
 
-The kernel table (mpt/machine/kernels.py) times one small representative shape per op
-type; a model's own layers are nothing like it (the seed convnet's 5x5 to 11x11
-convolutions at 32 to 8 px), so its sums were right about the direction and 2-8x
-wrong about the size. Here the model's own compiled train step (mpt/train/steps.py,
-the custom loop's, with its optimizer and loss scaling) is built and timed under each
-policy on random inputs of the run's shape and batch (a smaller batch was tried: the
-fixed per-op cost then hides up to half of a 16-bit slowdown), float32 first. Each
-policy's first call (graph optimisation, kernel set-up) and second (still warming up)
-are recorded, then TIMED_STEPS are timed. A 16-bit policy's timing stops early where
-it is clearly slow: after its first call when that took more than STOP times
-float32's first call (oneDNN's reference kernels on a Sapphire Rapids: ~200x; the
-estimate is that call less float32's first-call overhead), or after its second call
-when that took more than STOP times float32's second (the estimate is that call
-scaled by float32's own second-call-to-steady ratio). A policy whose ops the
-machine's kernel table measured PATHOLOGICAL times float32's is not run at all unless
+The kernel table's representative shapes (mpt/machine/kernels.py) were right about
+the direction and 2-8x wrong about the size of a model's step. Here its own compiled
+step (mpt/train/steps.py, the custom loop's, with its optimizer and loss scaling) is
+timed under each policy on random inputs of the run's shape and batch, float32 first:
+each policy's first and second call, then TIMED_STEPS. A 16-bit policy's timing stops
+early where clearly slow: after a first call over STOP times float32's (its estimate:
+that call less float32's first-call overhead), or a second call over STOP times
+float32's (its estimate: scaled as float32 warmed up). A policy whose ops the
+machine's cached kernel table measured PATHOLOGICAL times float32's is not run unless
 it is the run's own: its step is float32's by that ratio (a mixed_float16 step of the
-seed convnet takes 13-17 s on a Sapphire Rapids; the table already knows). A per-layer
-plan (--layer_policy, or the one `--policy=auto` weighs) is timed as a row of its own.
+seed convnet takes 13-17 s on a Sapphire Rapids; the table knows). A per-layer plan
+(--layer_policy, or the one `--policy=auto` weighs) is a row of its own, and so is a
+run with XLA's step without it (XLA measured 12-29x slower on a CPU).
 
 This is the one timing before step 1: the warning, `--policy=auto`, the oneDNN choice
 and the diagnosis read it. On a GPU each policy's step is then profiled
-(mpt/train/gpu_steps.py) into the kernel table on a GPU.
-
-`for_run` is the training run's entry: a stand-in ($MPT_COST: a recorded cost.json,
-or `none`), the cache (mpt/records/cost.py), a skip when the run is shorter than the
-measurement, or a measurement in this process. `python -m mpt.train.cost FLAGFILE OUT
-POLICIES` measures in a child process, for the oneDNN choice (mpt/train/onednn_choice.py),
-which must set TF_ENABLE_ONEDNN_OPTS before TensorFlow is imported.
+(mpt/train/gpu_steps.py) into the kernel table on a GPU. `for_run` is the run's
+entry: a stand-in ($MPT_COST: a recorded cost.json, or `none`), the cache
+(mpt/records/cost.py), a skip for a run shorter than the measurement, or a
+measurement here. `python -m mpt.train.cost FLAGFILE OUT POLICIES` measures in a child,
+for the oneDNN choice (mpt/train/onednn_choice.py: TF_ENABLE_ONEDNN_OPTS must be set
+before TensorFlow is imported).
 """
 
 import dataclasses
@@ -60,15 +54,18 @@ STOP = 5.0       # a 16-bit call this many times float32's: timing stops there
 PATHOLOGICAL = 10.0  # a kernel table ratio at which a policy is predicted, not run
 TIMED_STEPS = 2  # steps timed after the first two calls
 MIN_RUN_STEPS = cost_lib.MIN_RUN_STEPS
+F32 = ("float32", "", None)  # A candidate: (policy, layer_policy, XLA where not the run's).
 Clock = Callable[[], float]
 
 
-def _traced(policy: str, cfg: config.Config, build: Callable[[], keras.Model],
-            batch: int, clock: Clock, layer_policy: str = ""
+def _traced(key: tuple, cfg: config.Config, build: Callable[[], keras.Model],
+            batch: int, clock: Clock
             ) -> tuple[Callable[[], float], PolicyCost, keras.Model]:
-  """The model's compiled step under `policy` (and `layer_policy`'s per-layer plan
-  over it), traced (not yet run), as a function that runs it once and returns its ms;
-  the row, its tracing timed; and the model."""
+  """The model's compiled step for a candidate `key` (policy, layer_policy's per-layer
+  plan over it, and the XLA setting where it is not the run's), traced (not yet run),
+  as a function that runs it once and returns its ms; the row, its tracing timed;
+  and the model."""
+  policy, layer_policy, jit = key
   keras.utils.set_random_seed(cfg.seed)
   precision.set_policy(policy)
   start = clock()
@@ -79,14 +76,16 @@ def _traced(policy: str, cfg: config.Config, build: Callable[[], keras.Model],
                                                   layer_policy=layer_policy))
   optimizer = precision.make_optimizer(policy, cfg.learning_rate, cfg.loss_scale,
                                        scaled=scaled)
-  step = steps_lib.Steps(model, optimizer, jit_compile=cfg.jit_compile,
+  step = steps_lib.Steps(model, optimizer,
+                         jit_compile=cfg.jit_compile if jit is None else jit,
                          global_batch=batch)
   size = cfg.image_size
   images = tf.random.stateless_uniform((batch, size, size, 3), (cfg.seed, 1))
   labels = tf.zeros((batch,), tf.int64)
   step.train_step.get_concrete_function(images, labels)
 
-  row = PolicyCost(policy, trace_s=round(clock() - start, 3), layer_policy=layer_policy)
+  row = PolicyCost(policy, trace_s=round(clock() - start, 3), layer_policy=layer_policy,
+                   jit_compile=jit)
 
   def timed() -> float:
     begin = clock()
@@ -147,29 +146,29 @@ def measure(cfg: config.Config, build: Callable[[], keras.Model],
   found = Cost(cost_lib.key_for(cfg, onednn, isa.detect()), onednn, batch)
   start = clock()
   keras.backend.clear_session()
-  order = [("float32", "")] + [(p, "") for p in policies if p != "float32"] + [
-      tuple(p) for p in plans]
+  order = [F32] + [(p, "", None) for p in policies if p != "float32"] + [
+      (*p, None)[:3] for p in plans]
   steps, rows, skip = {}, {}, {}
   for key in order:
-    if key == ("float32", "") and base is not None:
+    if key == F32 and base is not None:
       rows[key] = base
       continue
     if key[0] in skip and key[0] != cfg.policy:
       rows[key] = _predicted_row(key, skip[key[0]])
       continue
     try:
-      steps[key], rows[key], model = _traced(key[0], cfg, build, batch, clock,
-                                             layer_policy=key[1])
-      if key == ("float32", ""):
+      steps[key], rows[key], model = _traced(key, cfg, build, batch, clock)
+      if key == F32:
         skip = pathological(table, model)
     except (tf.errors.OpError, ValueError, TypeError, errors.UserError) as e:
-      rows[key] = PolicyCost(key[0], stopped=_failed(e), layer_policy=key[1])
-  f32 = rows[("float32", "")] if rows[("float32", "")].stopped is None else None
+      rows[key] = PolicyCost(key[0], stopped=_failed(e), layer_policy=key[1],
+                             jit_compile=key[2])
+  f32 = rows[F32] if rows[F32].stopped is None else None
   times = _rounds(order, steps, rows, f32)
   _settle(rows, times, f32, skip)
   found.policies = [rows[k] for k in order]
-  if gpu if gpu is not None else bool(tf.config.list_logical_devices("GPU")):
-    ran = {k[0]: steps[k] for k in order if k in steps and not k[1]
+  if gpu if gpu is not None else tf.config.list_logical_devices("GPU"):
+    ran = {k[0]: steps[k] for k in order if k in steps and not k[1] and k[2] is None
            and not (rows[k].stopped or "").startswith("failed")}
     found.gpu_kernels, found.gpu_kernels_note = gpu_steps.kernel_table(ran)
   precision.set_policy("float32")
@@ -183,7 +182,7 @@ def _rounds(order: list, steps: dict, rows: dict, f32: PolicyCost | None) -> dic
   TIMED_STEPS rounds: {candidate: its timed ms}; a candidate stops where `_stop` or
   a failure says (float32's failure stops them all)."""
   times: dict = {}
-  live = [k for k in order if k in steps and (f32 is not None or k == ("float32", ""))]
+  live = [k for k in order if k in steps and (f32 is not None or k == F32)]
   for phase in ["first_ms", "second_ms"] + ["timed"] * TIMED_STEPS:
     for key in list(live):
       if key not in live:  # float32 failed earlier in this round.
@@ -192,19 +191,20 @@ def _rounds(order: list, steps: dict, rows: dict, f32: PolicyCost | None) -> dic
         ms = steps[key]()
       except (tf.errors.OpError, ValueError) as e:
         rows[key].stopped = _failed(e)
-        live = [] if key == ("float32", "") else [k for k in live if k != key]
+        live = [] if key == F32 else [k for k in live if k != key]
         continue
       if phase == "timed":
         times.setdefault(key, []).append(ms)
       else:
         setattr(rows[key], phase, ms)
-      if _stop(rows[key], f32 if key != ("float32", "") else None):
+      if _stop(rows[key], f32 if key != F32 else None):
         live.remove(key)
   return times
 
 
-def _predicted_row(key: tuple[str, str], ratio: float) -> PolicyCost:
-  return PolicyCost(key[0], layer_policy=key[1], predicted=True, stopped=(
+def _predicted_row(key: tuple, ratio: float) -> PolicyCost:
+  return PolicyCost(key[0], layer_policy=key[1], jit_compile=key[2], predicted=True,
+                    stopped=(
       f"predicted from the kernel table ({ratio:.0f}x float32's ops), not timed"))
 
 
@@ -248,8 +248,11 @@ def for_run(cfg: config.Config, build: Callable[[], keras.Model], planned_steps:
       return None, f"{ENV}={stand_in} cannot be read ({e}); nothing measured"
     found.source = f"recorded: {stand_in}"
     return found, None
-  want = [(p, "") for p in cost_lib.POLICIES] + (
-      [(cfg.policy, cfg.layer_policy)] if cfg.layer_policy else [])
+  want = [(p, "", None) for p in cost_lib.POLICIES] + (
+      [(cfg.policy, cfg.layer_policy, None)] if cfg.layer_policy else []) + (
+      # A run with XLA: its step without it too (XLA measured 12-29x slower on a CPU).
+      [(cfg.policy, cfg.layer_policy, False)] if cfg.jit_compile
+      and cfg.policy != "auto" else [])
   cached = cost_lib.cached(cost_lib.key_for(
       cfg, keras_fit.onednn_rewrite_on(), isa.detect()))
   have = lambda k: bool(cached and cached.of(*k) and not (
@@ -263,9 +266,10 @@ def for_run(cfg: config.Config, build: Callable[[], keras.Model], planned_steps:
   if too_big:
     return None, f"the step's cost per policy was not measured: {too_big}"
   missing = [k for k in want if not have(k)]
-  fresh = measure(cfg, build, [p for p, plan in missing if not plan],
-                  base=cached.of("float32") if have(("float32", "")) else None,
-                  plans=tuple(k for k in missing if k[1]), table=table())
+  fresh = measure(cfg, build, [p for p, plan, jit in missing if not plan and jit is None],
+                  base=cached.of("float32") if have(F32) else None,
+                  plans=tuple(k for k in missing if k[1] or k[2] is not None),
+                  table=table())
   if cached:  # The oneDNN choice measured some policies already: keep them.
     fresh.policies = [cached.of(*k) if have(k) else fresh.of(*k) for k in want]
     fresh.seconds = round(cached.seconds + fresh.seconds, 2)
@@ -273,20 +277,11 @@ def for_run(cfg: config.Config, build: Callable[[], keras.Model], planned_steps:
   return fresh, None
 
 
-def time_plan(cfg: config.Config, build: Callable[[], keras.Model], plan,
-              table: dict | None = None) -> tuple[PolicyCost | None, PolicyCost | None]:
-  """(the per-layer plan's row, its policy's row), timed side by side in one
-  measurement (mpt/records/layers.py Plan: a policy and the classes it moves)."""
-  found = measure(cfg, build, [plan.policy], plans=((plan.policy, plan.layer_policy()),),
-                  table=table)
-  return found.of(plan.policy, plan.layer_policy()), found.of(plan.policy)
-
-
 def main(argv: list[str]) -> int:
   """The oneDNN choice's child: `FLAGFILE OUT POLICIES` -> OUT holds a cost.json."""
   flagfile, out, policies = argv[1], argv[2], argv[3].split(",")
   cfg = config.from_flagfile(pathlib.Path(flagfile).read_text())
-  plain = dataclasses.replace(cfg, layer_policy="")
+  plain = dataclasses.replace(cfg, layer_policy="")  # A plan is a row of its own.
   found = measure(cfg, lambda: model_lib.build_model(plain, 10), policies,
                   table=kernels.table(probe_if_missing=False)[0])
   cost_lib.write(pathlib.Path(out), found)

@@ -241,7 +241,7 @@ def _choose_policy(cfg: config.Config, data: data_lib.Data, dist: distribute.Set
     per_layer = layers_lib.said(lambda: layers_lib.read_or_measure(cfg, build()),
                                 "float32", cost)
     plan = (lambda best: layer_records.best_plan(per_layer, best)) if per_layer else None
-    timer = lambda p: cost_lib.time_plan(cfg, build, p)
+    timer = lambda p: autopolicy.time_plan(cfg, build, p)
   chosen, layer_policy, choice = autopolicy.choose(
       cost, plan, timer, (cost.seconds if cost else 0.0) + time.perf_counter() - start)
   plan_words = f" with --layer_policy={layer_policy}" if layer_policy else ""

@@ -135,3 +135,21 @@ def test_the_layer_classes_that_make_bfloat16_slower_are_named_with_the_plan(spr
   quiet = patch(spr / BF16, layer_costs=_layer_costs(2.0))
   ids = [f["id"] for f in diagnose.diagnose_run(quiet)["findings"]]
   assert "slow_layers" not in ids
+
+
+@pytest.mark.parametrize("with_xla, fires", [(816.0, True), (80.3, False), (80.5, True)])
+def test_a_run_with_xla_measured_slower_than_without_is_told_to_drop_it(
+    spr, with_xla, fires):
+  """The Sapphire Rapids' seed convnet with --jit_compile measured ~816 ms a step
+  against 67 without (the issue's figures); the edge is 1.2x."""
+  cost = {"key": {}, "onednn": True, "batch": 32, "policies": [
+      {"policy": "float32", "ms_per_step": with_xla},
+      {"policy": "float32", "ms_per_step": 67.0, "jit_compile": False}]}
+  run = patch(spr / F32, jit_compile=True, cost=cost)
+  found = {f["id"]: f for f in diagnose.diagnose_run(run)["findings"]}
+  assert ("xla" in found) is fires
+  if with_xla == 816.0:
+    assert found["xla"]["title"] == ("XLA (--jit_compile) measured 12.2x slower than "
+                                     "without it here")
+    assert found["xla"]["severity"] == "high"
+    assert found["xla"]["next_step"].endswith("--policy=float32 --nojit_compile")

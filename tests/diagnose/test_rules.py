@@ -50,9 +50,9 @@ def _counted(monkeypatch) -> dict[str, int]:
 def _gpu_checks() -> set[str]:
   """The detectors a run of the command line never runs: those that read a GPU
   capture (tests/diagnose/test_profile.py runs them) and a script's program record
-  (tests/train/test_best_effort.py); and the per-layer cost's, which the recorded runs
-  lack (tests/diagnose/test_diagnose_cost.py)."""
-  return {n for n, need in detectors.NEEDS.items() if need in ("gpu trace", "program", "layer cost")}
+  (tests/train/test_best_effort.py); and the per-layer cost's and XLA's, which the
+  recorded runs lack (tests/diagnose/test_diagnose_cost.py)."""
+  return {n for n, need in detectors.NEEDS.items() if need in ("gpu trace", "program", "layer cost", "xla measured")}
 
 
 def _scenario(tmp_path, name: str):

@@ -316,3 +316,37 @@ def test_a_step_that_would_not_fit_in_memory_is_not_measured(monkeypatch):
   assert found is None and note.endswith(reason)
   monkeypatch.setenv("MPT_AVAILABLE_MB", "100000")
   assert preflight.will_not_fit(cfg, build(cfg)) is None
+
+
+def test_a_run_with_xla_also_times_its_step_without_it(monkeypatch):
+  """--jit_compile: the run's policy is also timed with XLA off, a row of its own
+  (XLA was measured 12-29x slower on a CPU); the uniform rows keep the run's XLA."""
+  jits = []
+  # Both rows are float32's: one script, in the interleaved order of their calls.
+  clock = ScriptedCalls({"float32": [40.0, 30.0, 20.0, 15.0, 10.0, 5.0, 10.0, 5.0]})
+  counted = clock.counting(cost.steps_lib.Steps)
+
+  class Seen(counted):
+    def __init__(self, model, optimizer, **kwargs):
+      jits.append(kwargs["jit_compile"])
+      super().__init__(model, optimizer, **kwargs)
+
+  monkeypatch.setattr(cost.steps_lib, "Steps", Seen)
+  seen = {}
+  real = cost.measure
+
+  def measure(cfg, build, policies, **kwargs):
+    seen.update(policies=list(policies), plans=kwargs.get("plans"))
+    return real(cfg, build, policies, clock=clock, **kwargs)
+
+  monkeypatch.setattr(cost, "measure", measure)
+  monkeypatch.delenv("MPT_COST")
+  monkeypatch.setattr(cost_lib, "POLICIES", ("float32",))
+  cfg = tiny_cfg(jit_compile=True, image_size=19)  # A key no other test caches.
+  found, _ = cost.for_run(cfg, build(dataclasses.replace(cfg)), 100)
+  assert seen["plans"] == (("float32", "", False),) and jits == [True, False]
+  with_xla, without = found.of("float32"), found.of("float32", "", False)
+  # With XLA its calls took 40, 20, 10, 10; without: 30, 15, 5, 5.
+  assert (with_xla.ms_per_step, without.ms_per_step) == (10.0, 5.0)
+  assert found.predicted() == {"float32": 10.0}
+  assert "float32 with XLA off ~5.0 (0.5x)" in cost_lib.one_line(found, "on")

@@ -48,7 +48,7 @@ DETECTORS: dict[str, Callable[[Evidence], Finding | None]] = {
     "float32_work": shapes.float32_work, "batchnorm_cost": shapes.batchnorm_cost,
     "no_speedup": speed.no_speedup, "achieved_rate": timing.achieved_rate,
     "tf32": kernels.tf32, "memory_estimate": precision.memory_estimate,
-    "onednn": speed.onednn,
+    "onednn": speed.onednn, "xla": speed.xla,
     # A GPU run's capture (Evidence.gpu); a profile folder runs gpu.RULES itself.
     **{name: _on_gpu(rule) for name, rule in gpu.RULES.items()},
 }
@@ -64,11 +64,12 @@ SUPERSEDED_BY = {
 }
 # Detectors that need a file the run may lack (a --noinstrument run has no dtypes, a
 # CPU run no GPU capture).
-NEEDS = {"slow_layers": "layer cost", "misaligned": "dtypes.json", "float32_work": "dtypes.json",
+NEEDS = {"slow_layers": "layer cost", "xla": "xla measured", "misaligned": "dtypes.json", "float32_work": "dtypes.json",
          "batchnorm_cost": "dtypes.json", "loss_never_scaled": "program",
          **{name: "gpu trace" for name in gpu.RULES}}
 _HAS = {"dtypes.json": lambda ev: ev.dtypes is not None,
         "layer cost": lambda ev: ev.summary.layer_costs is not None,
+        "xla measured": lambda ev: speed.xla_steps(ev) is not None,
         "program": lambda ev: ev.summary.program is not None,
         "gpu trace": lambda ev: ev.gpu is not None}
 

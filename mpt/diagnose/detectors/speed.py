@@ -7,6 +7,7 @@ from mpt.diagnose import findings as words
 from mpt.diagnose.evidence import Evidence
 from mpt.diagnose.findings import Finding, x
 from mpt.diagnose.thresholds import HIGH_LOSS, ONEDNN_MARGIN, SLOWER_THAN_FLOAT32
+from mpt.diagnose.thresholds import XLA_MARGIN
 from mpt.machine import hardware as hardware_lib
 
 SIXTEEN = hardware_lib.SIXTEEN
@@ -93,3 +94,34 @@ def onednn(ev: Evidence) -> Finding | None:
        f"~{ms['off']:.0f} off; the run had it {ran} ({choice.why or '?'}; "
        f"TF_ENABLE_ONEDNN_OPTS={s.tf_enable_onednn_opts or 'unset'})"],
       f"{ev.rerun(s.policy)} --onednn={other}", ["step cost"], None)
+
+
+def xla_steps(ev: Evidence) -> tuple[float, float] | None:
+  """(the run's step with XLA, without it) in ms, as measured before step 1 for a run
+  trained with --jit_compile; None where not both were measured."""
+  s, cost = ev.summary, ev.summary.cost
+  if not cost or not s.jit_compile:
+    return None
+  own = cost.of(s.policy, s.layer_policy)
+  other = cost.of(s.policy, s.layer_policy, False)
+  if not own or not other or not own.ms_per_step or not other.ms_per_step:
+    return None
+  return own.ms_per_step, other.ms_per_step
+
+
+def xla(ev: Evidence) -> Finding | None:
+  """The run trained with XLA (--jit_compile), whose step measured >= 1 + XLA_MARGIN
+  times the step without it here (oneDNN's kernels outside XLA on a CPU)."""
+  found = xla_steps(ev)
+  if not found or found[0] < (1 + XLA_MARGIN) * found[1]:
+    return None
+  loss = found[0] / found[1]
+  return Finding(
+      "xla", "high" if loss >= HIGH_LOSS else "medium", 1 - 1 / loss,
+      f"XLA (--jit_compile) measured {x(loss)} slower than without it here",
+      f"the run's step with XLA >= {1 + XLA_MARGIN:g}x its step without it, both "
+      "timed before step 1",
+      [f"this model's step measured ~{found[0]:,.0f} ms with XLA, ~{found[1]:,.0f} "
+       "without it, under the same policy and batch"],
+      f"{ev.rerun(ev.summary.policy)} --nojit_compile", ["step cost"], loss)
+
