@@ -142,7 +142,9 @@ def one_line(cost: Cost, onednn: str) -> str:
     else:
       how = (", predicted from the kernel table" if p.predicted else
              ", timing stopped early" if p.stopped else "")
-      parts.append(f"{name} {ms} ({p.ms_per_step / base if base else 0:.2g}x{how})")
+      ratio = p.ms_per_step / base if base else 0
+      parts.append(f"{name} {ms} ({ratio:.2g}x{how})" if ratio < 10 else
+                   f"{name} {ms} ({ratio:,.0f}x{how})")
   how = (f"measured in {cost.seconds:.1f} s at batch {cost.batch}"
          if cost.source == "measured" else cost.source)
   return f"mpt: cost here, oneDNN's rewrite {onednn}, {how}: " + ", ".join(parts)
