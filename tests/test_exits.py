@@ -139,6 +139,9 @@ def test_a_stop_after_the_run_folder_was_removed_says_so(tmp_path, children):
   assert len(training) == 1, training
   training[0].suspend()
   try:
+    # Stopped before the signal goes: a SIGTERM sent while SIGSTOP is still pending is
+    # taken first (the lower number) on a loaded box, and is then never seen pending.
+    assert wait_for(lambda: training[0].status() == psutil.STATUS_STOPPED, 10)
     shutil.rmtree(tmp_path / "logs", ignore_errors=True)
     # Sent to the training child itself, where the supervisor would forward it (that
     # forwarding: the scheduler's-signal tests above). Sent through the supervisor, a
