@@ -4,8 +4,9 @@ when it is measured, where it is cached, and the line that says it before step 1
 It is measured only to explain something or to decide something, never as a second
 answer to what the step's cost (mpt/train/cost.py) already measured: where the run's
 16-bit policy measured slower than float32 (which layers make it slow), for
-`--mode=inspect` (its table), and for `--policy=auto` (the plan it predicts fastest). A cached measurement of the same model signature here
-is always read. A run shorter than the step cost's minimum measures nothing.
+`--mode=inspect` (its table), and for `--policy=auto` (the plan it predicts fastest).
+A cached measurement of the same model signature here is always read. A run shorter
+than the step cost's minimum measures nothing.
 $MPT_LAYERS stands in for the measurement: `none`, or a recorded layers.json.
 """
 
