@@ -12,7 +12,6 @@ writer.
 """
 
 import dataclasses
-import hashlib
 import json
 import pathlib
 from typing import Any
@@ -20,6 +19,7 @@ from typing import Any
 from mpt import files
 from mpt import config
 from mpt.config import Config
+from mpt.records import keyed
 from mpt.records import typed
 from mpt.records.gpu import GpuKernelTable
 
@@ -171,40 +171,22 @@ def key_for(cfg: Config, onednn: bool | None, cpu) -> dict[str, Any]:
 
 
 def cache_path(key: dict[str, Any]) -> pathlib.Path:
-  root = files.cache_root()
-  digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-  return root / "cost" / f"{key['model'].replace(':', '_').replace('/', '_')}-{digest}.json"
+  return keyed.path("cost", key)
 
 
 def read(path: pathlib.Path) -> Cost:
   """A cost.json; ValueError/OSError if it is not one of this schema."""
-  data = json.loads(pathlib.Path(path).read_text())
-  if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-    raise ValueError(f"{path}: not a cost record of schema {SCHEMA}")
-  return Cost.from_dict(data)
+  return keyed.read(path, SCHEMA, "cost", Cost.from_dict)
 
 
 def cached(key: dict[str, Any]) -> Cost | None:
   """The cached measurement for `key`, or None (missing, unreadable, another key)."""
-  path = cache_path(key)
-  try:
-    found = read(path)
-  except (OSError, ValueError, TypeError):
-    return None
-  if found.key != key:
-    return None
-  found.source = f"cache: {path}"
-  return found
+  return keyed.cached("cost", key, read)
 
 
 def save(cost: Cost) -> pathlib.Path | None:
   """Caches a measurement that measured float32 (nothing to predict from otherwise)."""
-  if not cost.predicted().get("float32"):
-    return None
-  path = cache_path(cost.key)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  files.write_json(path, {**cost.to_dict(), "source": "measured"})
-  return path
+  return keyed.save("cost", cost) if cost.predicted().get("float32") else None
 
 
 def read_choice(path: pathlib.Path) -> OnednnChoice:

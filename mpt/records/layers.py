@@ -13,13 +13,11 @@ module is the record's one reader and writer.
 """
 
 import dataclasses
-import hashlib
-import json
 import pathlib
 from typing import Any
 
 from mpt import config
-from mpt import files
+from mpt.records import keyed
 from mpt.records import typed
 
 SCHEMA = 1
@@ -163,37 +161,17 @@ def best_plan(costs: LayerCosts, start: str | None = None) -> Plan | None:
   return Plan(policy, moved, round(best, 3), uniform)
 
 
-def cache_path(key: dict[str, Any]) -> pathlib.Path:
-  digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-  name = key["model"].replace(":", "_").replace("/", "_")
-  return files.cache_root() / "layers" / f"{name}-{digest}.json"
-
-
 def read(path: pathlib.Path) -> LayerCosts:
   """A layers.json; ValueError/OSError if it is not one of this schema."""
-  data = json.loads(pathlib.Path(path).read_text())
-  if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-    raise ValueError(f"{path}: not a per-layer cost record of schema {SCHEMA}")
-  return LayerCosts.from_dict(data)
+  return keyed.read(path, SCHEMA, "per-layer cost", LayerCosts.from_dict)
 
 
 def cached(key: dict[str, Any]) -> LayerCosts | None:
-  path = cache_path(key)
-  try:
-    found = read(path)
-  except (OSError, ValueError, TypeError):
-    return None
-  if found.key != key:
-    return None
-  found.source = f"cache: {path}"
-  return found
+  return keyed.cached("layers", key, read)
 
 
 def save(costs: LayerCosts) -> pathlib.Path:
-  path = cache_path(costs.key)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  files.write_json(path, {**costs.to_dict(), "source": "measured"})
-  return path
+  return keyed.save("layers", costs)
 
 
 def slow_classes(costs: LayerCosts, policy: str, at_least: float = 1.1

@@ -242,8 +242,9 @@ def _choose_policy(cfg: config.Config, data: data_lib.Data, dist: distribute.Set
                                 "float32", cost)
     plan = (lambda best: layer_records.best_plan(per_layer, best)) if per_layer else None
     timer = lambda p: autopolicy.time_plan(cfg, build, p)
+  measured = cost.seconds if cost and cost.source == "measured" else 0.0  # Not cached.
   chosen, layer_policy, choice = autopolicy.choose(
-      cost, plan, timer, (cost.seconds if cost else 0.0) + time.perf_counter() - start)
+      cost, plan, timer, measured + time.perf_counter() - start)
   plan_words = f" with --layer_policy={layer_policy}" if layer_policy else ""
   print(f"mpt: --policy=auto: {chosen}{plan_words} was fastest here\n"
         f"{autopolicy.format_table(choice)}", flush=True)

@@ -73,5 +73,9 @@ def test_every_policy_is_timed_and_a_pathological_one_is_predicted_not_run(
   assert set(found.casts) == {f"{a}>{b}" for a in ("float32", "bfloat16", "float16")
                               for b in ("float32", "bfloat16", "float16") if a != b}
   assert found.batch == 4 and [e.elements for e in found.edges][:2] == [768, 768]
-  assert found.predict("mixed_bfloat16")["casts"] > 0  # The float32 input, cast.
+  # The float32 input cast into bfloat16 at both convolutions: the record's own rate
+  # (a 4M-element cast takes longer than a 16K one on any host), rounded as predicted.
+  into = found.cast_ms("float32", "bfloat16", 768)
+  assert into > 0
+  assert found.predict("mixed_bfloat16")["casts"] == pytest.approx(round(2 * into, 3))
   assert found.predict("float32")["casts"] == 0

@@ -96,3 +96,8 @@ def test_the_record_is_read_back_from_its_file_and_cached_by_key(tmp_path, monke
   (tmp_path / "bad.json").write_text(json.dumps({"schema": 99}))
   with pytest.raises(ValueError):
     layers.read(tmp_path / "bad.json")
+  # A whole record of another schema is not read as this one, nor from the cache.
+  path.write_text(json.dumps({**costs.to_dict(), "schema": 99}))
+  with pytest.raises(ValueError, match="not a per-layer cost record of schema 1"):
+    layers.read(path)
+  assert layers.cached({"model": "m"}) is None
