@@ -34,11 +34,13 @@ def callbacks(run_dir: str, *, batch_size: int, input_shape: tuple | None = None
   folder `run_dir`; `input_shape` (one example's) only where the model cannot tell it;
   options: warmup_steps=5, log_every=10, sample_every=1.0 (None: no sampler),
   profile_steps=(A, B) (a profiler trace of global steps A..B, after the warm-up),
-  diagnose=True (the diagnosis after each fit). Nothing mpt does inside the fit can
+  numerics="auto" (per-layer numerics on the batches fed, after the warm-up and at
+  each fit's end: "auto" under a 16-bit global policy, "on", "off"), diagnose=True
+  (the diagnosis after each fit). Nothing mpt does inside the fit can
   end it: a part that fails is one line and a `not_measured` entry."""
   from mpt.train import library  # TensorFlow: only when asked.
   opts = library.Options(batch_size, "fit", input_shape)
-  return library.callbacks(run_dir, opts, after_run=_after_run(diagnose), **options)
+  return library.make(run_dir, opts, after_run=_after_run(diagnose), **options)[0]
 
 
 def track(run_dir: str, model, *, batch_size: int, optimizer=None,

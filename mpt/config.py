@@ -33,16 +33,18 @@ LOOPS = ("fit", "custom")
 STRATEGIES = ("default", "mirrored", "multi_worker", "tpu")
 # Flags added after runs were recorded, and the value a run without them had (a
 # flags.txt without --batchnorm ran Keras' layer, whatever the default is now; one
-# without --onednn ran TF's default, which `auto` keeps wherever it measures nothing).
+# without --onednn ran TF's default, which `auto` keeps wherever it measures nothing;
+# --numerics only measures, so a replay may sample them as runs do now).
 FLAGS_ADDED_LATER = {"batchnorm": "keras", "checkpoint": True, "force": False,
                      "collective_timeout": 300.0, "onednn": "auto",
-                     "layer_policy": ""}
+                     "layer_policy": "", "numerics": "auto"}
 # Flags of the other modes (and --mode itself). A run's flags.txt written before the
 # modes had their own options lists them all; reading one ignores them. A test checks
 # this against the options classes.
 OTHER_MODES_FLAGS = frozenset({
     "mode", "run", "batch_sizes", "policies", "loops", "image_sizes", "models",
-    "jit_compiles", "cell_timeout", "launcher", "ray_address", "machines", "cell_cpus",
+    "jit_compiles", "seeds", "cell_timeout", "launcher", "ray_address", "machines",
+    "cell_cpus",
     "cell_gpus", "shared_logdir",
     "microbench_sizes", "microbench_dtypes",
     "quick", "compare_python", "runs", "out"})
@@ -160,6 +162,13 @@ class Config:
   warmup_steps: int = flag(5, "Steps at the start of the run left out of "
                              "ms_per_step (tracing, allocator and cache warm-up).",
                              lower_bound=0)
+  numerics: str = flag(
+      "auto", "Per-layer numerics on real batches (numerics.json): each layer's "
+      "largest output and gradient against float16's range (above 65504, below "
+      "2^-24 at loss scale 1 and at the run's), and its output's bfloat16 error. "
+      "`auto`: in runs computing in a 16-bit dtype and in --mode=inspect; `on`: every "
+      "run (a float32 run learns what float16 would do); `off`.",
+      choices=("auto", "on", "off"))
   instrument: bool = flag(True, "Data-wait timing, utilisation sampling, per-step "
                             "perf/precision/util scalars, dtype inspection, HParams. "
                             "--noinstrument measures their cost; ms_per_step stays.")

@@ -17,6 +17,7 @@ import dataclasses
 import pathlib
 
 from mpt import config
+from mpt.records import spread
 from mpt.records import summary as summary_lib
 from mpt.records.summary import RunSummary
 
@@ -159,6 +160,27 @@ def row(line: Line) -> list[str]:
           speedup, _achieved(s), "; ".join(notes)]
 
 
+def accuracy(rows: list[Line]) -> list[str]:
+  """Accuracy beside speed: per configuration and policy, the final metrics over the
+  compared seeds, and whether each 16-bit run stayed within float32's spread
+  (mpt/records/spread.py); [] where no configuration ran float32 with 2+ seeds."""
+  key = lambda s: tuple(getattr(s, k) for k in summary_lib.SAME_CONFIG) + (
+      s.loop, s.epochs, s.steps)
+  found = spread.across_seeds([l.entry.summary for l in rows
+                               if l.entry.summary.status == "completed"], key)
+  if not any(r.within is not None for r in found):
+    return []
+  out = []
+  for r in found:
+    verdict = ("float32's spread" if r.policy == "float32" else
+               "not judged" if r.within is None else
+               "within float32's spread" if r.within else "OUTSIDE float32's spread: "
+               + "; ".join(j.describe() for j in r.judged if not j.within))
+    out.append(f"{r.key[0]} b{r.key[3]} {r.key[-3]} {r.policy} ({r.seeds} seeds): "
+               f"{r.describe()}; {verdict}")
+  return out
+
+
 def _legend(rows: list[Line]) -> list[str]:
   return list(LEGEND) + ([FLAG_LEGEND] if any(l.differs for l in rows) else [])
 
@@ -182,6 +204,8 @@ def text(rows: list[Line]) -> str:
   for machine, block in by_machine(rows):
     out += ([f"on {machine}:"] if machine else []) + [
         fmt(cells[0]), "  ".join("-" * w for w in widths)] + [fmt(row(l)) for l in block]
+  said = accuracy(rows)
+  out += ["", "accuracy beside speed (final metrics over seeds):"] + said if said else []
   return "\n".join(out + [""] + _legend(rows)) + "\n"
 
 
@@ -197,6 +221,8 @@ def markdown(rows: list[Line], note: str = "") -> str:
                               for i in range(len(HEADER))) + "|")
     out += ["| " + " | ".join(c.replace("|", "\\|") for c in row(l)) + " |"
             for l in block] + ([""] if machine else [])
+  said = accuracy(rows)
+  out += ["", "## Accuracy beside speed", ""] + [f"- {l}" for l in said] if said else []
   return "\n".join(out + [""] + [f"{l}  " for l in _legend(rows)]) + "\n"
 
 

@@ -28,6 +28,7 @@ from mpt.diagnose import sweep as diagnose_sweep
 from mpt.diagnose.options import DiagnoseOptions
 from mpt.diagnose.findings import rank
 from mpt.errors import UserError
+from mpt.records import numerics as numerics_lib
 from mpt.records import typed
 
 
@@ -97,6 +98,9 @@ def diagnose_run(run_dir: pathlib.Path) -> dict[str, Any]:
            "findings": [dataclasses.asdict(f) for f in rank(findings)],
            "checked_clear": checked, "notes": notes,
            "op_stats": ev.op_stats}
+  if ev.numerics and ev.numerics.samples:  # Only then: older runs read as they did.
+    figures["numerics"] = numerics_lib.describe(ev.numerics)
+    found["numerics_table"] = numerics_lib.format_table(ev.numerics)
   if ev.gpu:  # A GPU run's capture: only then, so CPU runs read as they always did.
     found["gpu"] = profile.gpu_figures(ev.gpu, ev.gpu.profile.trace)
   return found

@@ -26,7 +26,9 @@ from mpt.diagnose.gpu_evidence import GpuEvidence
 from mpt.errors import UserError
 from mpt.machine import gpu_profile, hardware
 from mpt.records import summary as summary_lib
+from mpt.records import numerics as numerics_lib
 from mpt.records.machine import Hardware
+from mpt.records.numerics import Numerics
 from mpt.records.summary import RunSummary
 from mpt.records.verdict import PolicyVerdict
 
@@ -48,6 +50,10 @@ class Evidence:
   # The newest completed run of the same configuration per other policy, next to it.
   siblings: dict[str, RunSummary] = dataclasses.field(default_factory=dict)
   gpu: GpuEvidence | None = None  # A GPU run's profiler capture, where it has one.
+  numerics: Numerics | None = None  # numerics.json, where the run sampled it.
+  # Completed float32 runs of the same configuration and length next to it (any
+  # seed): float32's own spread of the final metrics.
+  float32_runs: list[RunSummary] = dataclasses.field(default_factory=list)
 
   @property
   def speedup(self) -> float | None:
@@ -173,7 +179,10 @@ def _relatives(s: RunSummary, neighbours) -> dict[str, Any]:
   bn = [(mtime, other) for other, mtime in neighbours
         if other.batchnorm != s.batchnorm and other.policy == s.policy
         and other.loop == s.loop and summary_lib.same_config(other, s, but=("batchnorm",))]
+  same_length = [(m, o) for o, m in neighbours if o.policy == "float32" and
+                 summary_lib.same_config(o, s) and (o.epochs, o.steps) == (s.epochs, s.steps)]
   return {"baseline": summary_lib.baseline_of(s, [(o, m, o) for o, m in neighbours]),
+          "float32_runs": [o for _, o in sorted(same_length, key=lambda f: f[0])],
           "siblings": {p: other for p, (_, other) in newest.items()},
           "other_batchnorm": max(bn, key=lambda f: f[0])[1] if bn else None}
 
@@ -229,6 +238,12 @@ def load(run_dir: pathlib.Path, notes: list[str]) -> Evidence:
   ev = Evidence(s, flags, dtypes, op_stats, model_names=names, run_dir=run_dir,
                 **_relatives(s, _neighbours(run_dir)))
   ev.gpu = _gpu(ev, notes)
+  try:
+    ev.numerics = numerics_lib.read(run_dir)
+  except (OSError, ValueError) as e:
+    notes.append(f"numerics.json could not be read ({type(e).__name__}: {e})")
+  if ev.numerics:
+    notes += [f"numerics not measured ({k}): {v}" for k, v in ev.numerics.not_measured.items()]
   return ev
 
 

@@ -23,6 +23,8 @@ BASES = ("sibling runs",        # a float32 run next to it / the sweep's other c
          "gpu trace",           # a GPU capture's kernels (mpt/machine/gpu_profile.py)
          "step timing",         # this run's step and data-wait times (summary.json)
          "utilisation",         # the CPU/GPU utilisation sampler
+         "numerics",            # numerics.json: per-layer values against float16's
+                                # range and bfloat16's error, on real batches
          "dtypes",              # dtypes.json: per-layer dtypes, dims and FLOPs
          "loss scale",          # the loss scale and skipped steps
          "memory",              # the memory estimate and the measured peak

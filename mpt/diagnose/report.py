@@ -61,6 +61,8 @@ def format_figures(f: dict[str, Any]) -> list[str]:
   if f["loss_scale"] is not None:
     lines.append(f"scaling:   loss scale {f['loss_scale']:g}, {f['skipped_steps']} "
                  f"steps skipped")
+  if f.get("numerics"):
+    lines.append(f"numerics:  {f['numerics']}")
   return lines
 
 
@@ -119,6 +121,8 @@ def format_report(report: dict[str, Any], markdown: bool = False) -> str:
                                    else [])
   lines += [f"- {l}" if markdown else l for l in figures]
   lines.append("")
+  if markdown and report.get("numerics_table"):
+    lines += ["## Numerics per layer", "", report["numerics_table"], ""]
   if not report["findings"] and report["kind"] == "profile":
     lines.append("No findings from the capture (checked: " +
                  ", ".join(report["checked_clear"]) + "); see the notes for what a "
@@ -202,8 +206,11 @@ def _format_sweep(report: dict[str, Any], markdown: bool) -> str:
   head = f"diagnosis of sweep {report['run_dir']}"
   lines = [f"# {head}" if markdown else f"mpt: {head}", ""]
   if not report["findings"]:
-    lines.append("No sweep-wide findings (speed-up, memory, overhead).")
+    lines.append("No sweep-wide findings (speed-up, memory, overhead, accuracy).")
   lines += format_findings(report["findings"], markdown)
+  if report.get("accuracy"):
+    lines += ["", "accuracy beside speed (final metrics over seeds):"]
+    lines += [f"- {l}" for l in report["accuracy"]]
   lines += ["", "| cell | status | ms/step | top finding |", "|---|---|---|---|"]
   for c in report["cells"]:
     ms = f"{c['ms_per_step']:.1f}" if c["ms_per_step"] else ""

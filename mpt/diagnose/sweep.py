@@ -6,6 +6,8 @@
   recorded one, else from the CPU flags / compute capability;
 - memory: a 16-bit policy fits a batch size at which float32 ran out of memory;
 - overhead: step time that barely grows with the batch size (per-step overhead);
+- accuracy: each 16-bit policy's final metrics over seeds (--seeds) against
+  float32's spread over its seeds (mpt/records/spread.py): which stayed within;
 - and each cell's own top finding, from the diagnosis its run wrote.
 mpt/diagnose/diagnosis.py prints and writes the result (mpt/diagnose/report.py). The
 cells come from sweep.csv through mpt/records/cells.py, their machine from a cell's
@@ -22,6 +24,7 @@ from mpt.diagnose.findings import Finding, rank
 from mpt.diagnose.thresholds import HIGH_LOSS, SLOWER_THAN_FLOAT32
 from mpt.machine.hardware import SIXTEEN
 from mpt.records import cells as cells_lib
+from mpt.records import spread
 from mpt.records import summary as summary_lib
 from mpt.records.cells import Cell
 from mpt.records.machine import Hardware
@@ -185,10 +188,44 @@ def overhead(cells: list[Cell]) -> list[Finding]:
   return findings
 
 
+def accuracy(cells: list[Cell]) -> tuple[list[Finding], list[str]]:
+  """(a finding per 16-bit policy whose final metrics left float32's spread over seeds
+  in some configuration, a line per policy and configuration saying whether it stayed
+  within)."""
+  rows = spread.across_seeds([c for c in cells if c.status == "ok"],
+                             lambda c: _key(c) + (c.batch_size, c.machine))
+  findings, lines = [], []
+  if not any(r.within is not None for r in rows):
+    seeds = max((r.seeds for r in rows if r.policy == "float32"), default=0)
+    return [], ([f"not judged: float32 ran {seeds} seed(s) per cell (--seeds=3 gives "
+                 "its spread)"] if len(rows) > 1 else [])
+  for r in rows:
+    if r.policy == "float32":
+      continue
+    model, size, loop, jit, batch, machine = r.key
+    where = f"{model} {size} px b{batch} {loop}{' XLA' if jit else ''}" + (
+        f" on {machine}" if machine else "")
+    verdict = ("not judged (float32 needs 2+ seeds: --seeds=3)" if r.within is None
+               else "within float32's spread" if r.within else "OUTSIDE float32's spread")
+    lines.append(f"{r.policy} at {where}: {verdict} ({r.seeds} seeds; {r.describe()})")
+    if r.within is False:
+      out = [j for j in r.judged if not j.within]
+      findings.append(Finding(
+          f"metrics_spread:{r.policy}", "high" if any("accuracy" in j.metric for j in out)
+          else "medium", 1.0, f"{r.policy}'s final metrics outside float32's spread "
+          f"({where})", "a seed's final metric outside float32's min..max over seeds, "
+          "widened by its width", [j.describe() for j in out],
+          f"diagnose the {r.policy} cells' run folders: their numerics name the layer "
+          "(--numerics=on)", ["sibling runs"]))
+  return findings, lines
+
+
 def diagnose(folder: pathlib.Path) -> dict[str, Any]:
   """The sweep-wide findings and each cell's top finding, as written to diagnosis.json."""
   cells = cells_lib.read_csv(folder / "sweep.csv")
-  findings = rank(speedups(folder, cells) + memory(cells) + overhead(cells))
+  spread_findings, accuracy_lines = accuracy(cells)
+  findings = rank(speedups(folder, cells) + memory(cells) + overhead(cells) +
+                  spread_findings)
   table = []
   for c in cells:
     path = (cell_dir(folder, c) or folder / "-") / "diagnosis.json"
@@ -199,4 +236,5 @@ def diagnose(folder: pathlib.Path) -> dict[str, Any]:
     table.append({"cell": c.label, "status": c.status, "ms_per_step": c.ms_per_step,
                   "top": top})
   return {"kind": "sweep", "run_dir": str(folder),
-          "findings": [f.__dict__ for f in findings], "cells": table}
+          "findings": [f.__dict__ for f in findings], "cells": table,
+          "accuracy": accuracy_lines}

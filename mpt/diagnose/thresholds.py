@@ -30,6 +30,15 @@ XLA_MARGIN = 0.20           # a run with XLA whose step measured this much slowe
                             # than without it before step 1
 ONEDNN_MARGIN = 0.10         # the oneDNN setting a run ran measured this much slower
                              # than the other: worth switching
+# Numerics (numerics.json, mpt/diagnose/detectors/numerics.py).
+UNDERFLOW_SHARE = 0.01       # of a layer's nonzero gradients below 2^-24 at the loss
+                             # scale: float16 flushes them to zero
+SCALE_FALL = 16.0            # a dynamic loss scale this many times lower at the end
+                             # than after warm-up has kept falling
+SCALE_HEADROOM = 256.0       # a loss scale this many times below the largest the
+                             # gradients allow, while some underflow: far below
+BF16_ERROR = 0.01            # relative error bfloat16 leaves in a layer's output that
+                             # is or feeds a reduction
 # GPU captures (mpt/diagnose/detectors/gpu.py); shares of the capture's kernel time
 # unless said otherwise.
 SIXTEEN_BIT_RUN = 0.25       # in 16-bit kernels: a capture of a 16-bit run (where no

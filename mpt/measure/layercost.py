@@ -62,25 +62,13 @@ def _signature(layer: keras.layers.Layer, spec) -> str:
   return f"{type(layer).__name__}|{settings!r}|{spec!r}"
 
 
-def _names(calls: list[observe.Call]) -> dict[int, str]:
-  """A unique name per layer (nested models may repeat their layers' names)."""
-  found, used = {}, set()
-  for call in calls:
-    name = call.layer.name
-    while name in used:
-      name += "'"
-    used.add(name)
-    found[id(call.layer)] = name
-  return found
-
-
 def survey(model: keras.Model, x) -> tuple[list[tuple[LayerRow, Any, Any]],
                                            list[Edge], list[str]]:
   """([(row, a layer of it, its argument's spec)], the edges at batch 1, layers not
   timeable) of one call of `model` on `x` (a batch of 2)."""
   calls, _ = observe.layer_calls(model, x)
   leaves = [c for c in calls if c.leaf and c.argument is not None]
-  names = _names(calls)
+  names = observe.unique_names(calls)
   made_by = {id(t): names[id(c.layer)] for c in leaves for t in c.outputs}
   made_by.update({id(t): None for t in keras.tree.flatten(x) if hasattr(t, "shape")})
   rows: dict[str, tuple[LayerRow, Any, Any]] = {}

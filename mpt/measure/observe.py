@@ -41,7 +41,7 @@ class Call:
   outputs: list = dataclasses.field(default_factory=list)
 
 
-def _first_tensor(value) -> Any:
+def first_tensor(value) -> Any:
   for leaf in keras.tree.flatten(value):
     if hasattr(leaf, "shape") and hasattr(leaf, "dtype"):
       return leaf
@@ -49,8 +49,9 @@ def _first_tensor(value) -> Any:
 
 
 @contextlib.contextmanager
-def _watching(seen: dict[int, Call]):
-  """Records every layer call made inside the block (one thread at a time)."""
+def watching(seen: dict[int, Call]):
+  """Records every layer call made inside the block into `seen`, by the layer's id
+  (one thread at a time); a gradient tape around it sees the same calls."""
   original = keras.layers.Layer.__call__
 
   stack: list[Call] = []
@@ -63,7 +64,7 @@ def _watching(seen: dict[int, Call]):
       call.calls += 1
     else:
       argument = args[0] if args else next(iter(kwargs.values()), None)
-      first = _first_tensor(argument)
+      first = first_tensor(argument)
       call = seen[id(layer)] = Call(
           layer, tuple(first.shape) if first is not None else None, None,
           argument=argument)
@@ -73,7 +74,7 @@ def _watching(seen: dict[int, Call]):
     finally:
       stack.pop()
     if call.output is None:
-      call.output = _first_tensor(out)
+      call.output = first_tensor(out)
       call.outputs = [t for t in keras.tree.flatten(out) if hasattr(t, "shape")]
     return out
 
@@ -85,11 +86,24 @@ def _watching(seen: dict[int, Call]):
       keras.layers.Layer.__call__ = original
 
 
+def unique_names(calls: list[Call]) -> dict[int, str]:
+  """A unique name per layer called, by id (nested models may repeat their layers'
+  names: a later one gets a prime)."""
+  found, used = {}, set()
+  for call in calls:
+    name = call.layer.name
+    while name in used:
+      name += "'"
+    used.add(name)
+    found[id(call.layer)] = name
+  return found
+
+
 def layer_calls(model: keras.Model, x) -> tuple[list[Call], Any]:
   """(every layer call inside one inference call of `model` on `x`, in call order,
   the model's output). The model's own call is not among them."""
   seen: dict[int, Call] = {}
-  with _watching(seen):
+  with watching(seen):
     out = model(x, training=False)
   seen.pop(id(model), None)
   return list(seen.values()), out

@@ -49,6 +49,13 @@ class Cell:
   # None where it reserved none, or on this machine.
   granted_gpus: float | None = None
   granted_memory_mb: float | None = None
+  # Added later, so last (a file an older mpt began keeps its columns): --seeds runs
+  # each cell once per seed; the final metrics, for accuracy beside speed
+  # (mpt/records/spread.py: float32's spread over seeds).
+  seed: int = 0
+  train_loss: float | None = None
+  train_accuracy: float | None = None
+  val_loss: float | None = None
 
   @property
   def id(self) -> str:
@@ -56,13 +63,15 @@ class Cell:
     on = "_on_" + "".join(ch if ch.isalnum() or ch in "-." else "-"
                           for ch in self.machine) if self.machine else ""
     return (f"{self.model}_{self.image_size}px_b{self.batch_size}_{self.policy}_"
-            f"{self.loop}{'_xla' if self.jit_compile else ''}{on}")
+            f"{self.loop}{'_xla' if self.jit_compile else ''}"
+            f"{f'_s{self.seed}' if self.seed else ''}{on}")
 
   @property
   def label(self) -> str:
     """The cell for a human, in a table."""
     return (f"{self.model} {self.image_size}px b{self.batch_size} {self.policy} "
             f"{self.loop}{' xla' if self.jit_compile else ''}"
+            f"{f' seed {self.seed}' if self.seed else ''}"
             f"{' on ' + self.machine if self.machine else ''}")
 
   @property
@@ -118,6 +127,8 @@ def figures_from_summary(path: pathlib.Path) -> dict[str, Any]:
   s = summary_lib.read(path)
   rss, cpu = (s.util.rss_mb, s.util.process_cpu_percent) if s.util else (None, None)
   return {"ms_per_step": s.ms_per_step, "images_per_sec": s.images_per_sec,
-          "val_accuracy": s.val_accuracy, "device": s.device or "",
+          "val_accuracy": s.val_accuracy, "train_loss": s.train_loss,
+          "train_accuracy": s.train_accuracy, "val_loss": s.val_loss,
+          "device": s.device or "",
           "peak_rss_mb": rss.max if rss else None,
           "cpu_percent": cpu.mean if cpu else None}

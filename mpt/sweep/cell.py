@@ -23,7 +23,8 @@ POLL_S = 0.5  # The slices a cell's wait is made of.
 # SweepOptions fields that are the sweep's axes: (the Config field of one cell, type).
 AXES = {"batch_sizes": ("batch_size", int), "policies": ("policy", str),
         "loops": ("loop", str), "image_sizes": ("image_size", int),
-        "models": ("model", str), "jit_compiles": ("jit_compile", bool)}
+        "models": ("model", str), "jit_compiles": ("jit_compile", bool),
+        "seeds": ("seed", int)}  # --seeds=N: a count, from --seed on.
 
 
 def cell_flags(cfg: config.Config, cell: Cell, out: pathlib.Path) -> list[str]:

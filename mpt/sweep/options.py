@@ -18,6 +18,9 @@ class SweepOptions:
   models: str = flag("", "--mode=sweep: model variants (default: --model).")
   jit_compiles: str = flag("", "--mode=sweep: `false,true` runs every cell with and "
                              "without XLA (default: --jit_compile).")
+  seeds: int = flag(1, "--mode=sweep: runs each cell with N seeds (--seed, --seed+1, "
+                      "...): the report gives each policy's final metrics beside "
+                      "float32's spread over them.", lower_bound=1)
   cell_timeout: float = flag(0.0, "--mode=sweep: seconds before a cell is killed "
                                "and recorded as `timeout`; 0 = no limit.")
   launcher: str = flag("local", "--mode=sweep: where cells run: `local` (child "

@@ -5,11 +5,16 @@ The table is laid out like the seed's: one table per model and image size (and X
 setting), rows = batch size, columns = ms/step per policy (x loop when there are
 several), then the speed-up of each 16-bit policy over float32 (float32 ms/step over
 the policy's ms/step: > 1 means faster). A cell that did not finish shows its status
-(`OOM`, `timeout`, `failed`) instead of a number, as the seed showed a dash.
+(`OOM`, `timeout`, `failed`) instead of a number, as the seed showed a dash. With
+--seeds, a cell's figure is the median over its seeds, and a second table gives each
+policy's final metrics beside float32's spread over seeds: the accuracy the seed's
+table never compared.
 """
 
+import dataclasses
 import pathlib
 
+from mpt.records import spread
 from mpt.records.cells import Cell
 
 
@@ -24,7 +29,7 @@ def markdown(cells: list[Cell]) -> str:
     columns = list(dict.fromkeys((c.policy, c.loop) for c in group))
     label = lambda p, l: p if len(loops) == 1 else f"{p} {l}"
     speedups = [(p, l) for p, l in columns if p != "float32" and ("float32", l) in columns]
-    cell = {(c.batch_size, c.policy, c.loop): c for c in group}
+    cell = _over_seeds(group)
     batches = sorted({b for b, _, _ in cell})
     xla = ", XLA" if jit else ""
     on = f" on {machine}" if machine else ""  # --machines=all: a block per machine.
@@ -44,7 +49,47 @@ def markdown(cells: list[Cell]) -> str:
         line.append(f"{base.ms / mine.ms:.2f}x" if ok else "-")
       out.append("| " + " | ".join(line) + " |")
     out.append("")
-  return "\n".join(out)
+  return "\n".join(out + accuracy(cells))
+
+
+def _over_seeds(group: list[Cell]) -> dict[tuple, Cell]:
+  """(batch, policy, loop) -> its cell; over several seeds, the first finished one
+  with the median ms/step of them all."""
+  seeds: dict[tuple, list[Cell]] = {}
+  for c in group:
+    seeds.setdefault((c.batch_size, c.policy, c.loop), []).append(c)
+  found = {}
+  for k, cs in seeds.items():
+    done = sorted(c.ms for c in cs if c.ms)
+    first = next((c for c in cs if c.ms), cs[0])
+    found[k] = dataclasses.replace(first, ms_per_step=done[len(done) // 2]) if done \
+        else first
+  return found
+
+
+def _key(c: Cell) -> tuple:
+  return (c.machine, c.model, c.image_size, c.jit_compile, c.batch_size, c.loop)
+
+
+def accuracy(cells: list[Cell]) -> list[str]:
+  """Accuracy beside speed: each policy's final metrics over seeds, and whether every
+  seed stayed within float32's spread (mpt/records/spread.py)."""
+  rows = spread.across_seeds([c for c in cells if c.status == "ok"], _key)
+  if not any(r.values for r in rows):
+    return []
+  out = ["## Accuracy beside speed: final metrics over seeds", "",
+         "| model | batch | policy | seeds | final metrics | within float32's spread |",
+         "|---|---|---|---|---|---|"]
+  for r in rows:
+    (machine, model, size, jit, batch, loop) = r.key
+    where = ("-" if r.policy == "float32" else
+             "not judged (needs float32 over 2+ seeds)" if r.within is None else
+             "yes" if r.within else "no: " + "; ".join(
+                 j.describe() for j in r.judged if not j.within))
+    out.append(f"| {model} {size} px{' XLA' if jit else ''} {loop}"
+               f"{' on ' + machine if machine else ''} | {batch} | {r.policy} | "
+               f"{r.seeds} | {r.describe()} | {where} |")
+  return out + [""]
 
 
 def plot(cells: list[Cell], path: pathlib.Path) -> str:

@@ -1,5 +1,6 @@
 """`--mode=sweep`: the seed's table, from one command. Batch size x policy x loop (and
-optionally image size, model, XLA), every cell its own training run in a child process.
+optionally image size, model, XLA, seeds), every cell its own training run in a child
+process.
 
   python -m mpt.main --mode=sweep --batch_sizes=16,32,64 \\
       --policies=float32,mixed_bfloat16 --loops=fit,custom
@@ -60,13 +61,15 @@ OTHER_MODES_IN_NAME = {"run": "", "microbench_sizes": "256,512,1024,2048",
                        "compare_python": ""}
 # Flags added after the naming scheme: at the value sweeps had before they existed
 # (config.FLAGS_ADDED_LATER) they leave the name as it was.
-NEWER_FLAGS = config.FLAGS_ADDED_LATER
+NEWER_FLAGS = {**config.FLAGS_ADDED_LATER, "seeds": 1}
 FINISHED = ("ok", "OOM", "OOM (predicted)")
 
 
 def _parse_axis(cfg: config.Config, opts: SweepOptions, name: str) -> list:
   field, kind = AXES[name]
   spec = getattr(opts, name)
+  if name == "seeds":
+    return [cfg.seed + i for i in range(spec)]
   if not spec:
     return [getattr(cfg, field)]
   values = flagvalues.parse_list(

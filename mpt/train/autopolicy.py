@@ -3,7 +3,9 @@ fastest here, read from the one measurement before step 1.
 
 The step's cost (mpt/train/cost.py) has timed the model's step under each uniform
 policy (a policy the kernel table marks pathological predicted, not run); the fastest
-with a finite loss is the best uniform policy. Where the per-layer costs
+with a finite loss is the best uniform policy, unless the model's numerics on a real
+batch (mpt/train/numerics.py) say a layer's outputs would overflow float16: then
+mixed_float16 is dropped, and the table says which layer and why. Where the per-layer costs
 (mpt/train/layers.py) predict a plan over it faster (mpt/records/layers.py
 `best_plan`: layer classes kept in another policy, casts included), the plan and the
 best uniform policy are timed side by side as whole steps, and the plan is adopted
@@ -77,18 +79,21 @@ def _plan(best: Candidate, plan: Plan | None, time_plan: PlanTimer | None
 
 
 def choose(cost: Cost | None, plan_for: Callable[[str], Plan | None] | None = None,
-           time_plan: PlanTimer | None = None, seconds: float | None = None
-           ) -> tuple[str, str, PolicyChoice]:
+           time_plan: PlanTimer | None = None, seconds: float | None = None,
+           unsafe: dict[str, str] | None = None) -> tuple[str, str, PolicyChoice]:
   """(the chosen policy, the per-layer plan over it or "", the record of the choice)
   from the step's cost per policy; `plan_for(policy)`: the per-layer costs' fastest
   plan over the best uniform policy, timed by `time_plan` beside it; `seconds`: what
-  choosing cost (default: what measuring cost)."""
+  choosing cost (default: what measuring cost); `unsafe`: policy -> why its numerics
+  rule it out (mpt/train/numerics.py), however fast it is."""
   seconds = seconds if seconds is not None else cost.seconds if cost else 0.0
   if cost is None:
     return "float32", "", PolicyChoice(
         "auto", "float32", 0, [], seconds,
         note="nothing measured here: float32 kept, a guess, not a measurement")
   rows = [_candidate(cost.of(p)) for p in CANDIDATES if cost.of(p)]
+  for r in rows:
+    r.dropped = r.dropped or (unsafe or {}).get(r.policy)
   usable = [r for r in rows if r.ms_per_step and r.finite and not r.dropped]
   if not usable:
     return "float32", "", PolicyChoice("auto", "float32", 0, rows, seconds,

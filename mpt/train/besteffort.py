@@ -30,6 +30,7 @@ PARTS = {
     "record": "summary.json and runs.csv",
     "diagnosis": "the diagnosis after the run",
     "profile": "the profiler window",
+    "numerics": "the per-layer numerics sample (numerics.json)",
 }
 
 

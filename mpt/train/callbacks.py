@@ -10,7 +10,8 @@ the resume state carries over, so it equals the counter.)
 
 Order at a step's begin: the counter, the profile window, the fault injector. At its
 end: the timer counts the step, the writer logs it, the guard may stop a diverged run
-before the checkpoint is written, a signal stops the run after it. At an epoch's
+before the checkpoint is written, the numerics sample (after warm-up) is taken, a
+signal stops the run after it. At an epoch's
 begin the running metrics of a run resumed mid-epoch are put back; `MPT_KILL_AT`'s
 kill points (tests of resume) come last of all.
 
@@ -37,7 +38,9 @@ from mpt.train import autopolicy
 from mpt.train import checkpoint
 from mpt.train import guards
 from mpt.train import keras_fit
+from mpt.train import numerics as numerics_lib
 from mpt.train import precision
+from mpt.train import steps as steps_lib
 from mpt.train.prepare import Run
 
 
@@ -71,6 +74,7 @@ class RunCallbacks:
   lines: keras.callbacks.Callback | None = None  # A line per epoch off a terminal.
   loss_factor: tf.Variable | None = None  # What the fault injector sets, or None.
   kills: guards.KillPoints | None = None  # MPT_KILL_AT, or None.
+  numerics: numerics_lib.Watch | None = None  # --numerics' samples, or None.
 
   @property
   def ordered(self) -> list[keras.callbacks.Callback]:
@@ -78,8 +82,9 @@ class RunCallbacks:
              if c is not None]
     lines = [self.lines] if self.lines else []
     kills = [self.kills] if self.kills else []
-    return (first + [self.timer, self.writer, self.guard, self.checkpoints] + lines +
-            [self.stop] + kills)
+    numerics = [self.numerics] if self.numerics else []
+    return (first + [self.timer, self.writer, self.guard, self.checkpoints] +
+            numerics + lines + [self.stop] + kills)
 
 
 def make(run: Run) -> RunCallbacks:
@@ -110,6 +115,7 @@ def make(run: Run) -> RunCallbacks:
       flush=writer.flush)
   found = RunCallbacks(counter, timer, writer, guard, checkpoints,
                        guards.SignalStop(lambda: counter.done, spe), metrics)
+  found.numerics = numerics_lib.for_run(run, steps_lib.make_loss(), lambda: counter.done)
   if injection.kill_at():
     found.kills = guards.KillPoints(lambda: counter.done)
   found.lines = console.epoch_lines(

@@ -1,7 +1,9 @@
 """`--mode=inspect`: the model a run would train, built without training: its dtype
 report per layer (mpt/measure/dtypes.py) and the memory estimate under each policy
-(mpt/train/preflight.py), printed and written to a run folder (dtypes.json,
-memory.json, a TensorBoard text).
+(mpt/train/preflight.py), its per-layer cost (mpt/train/layers.py) and, with
+--numerics (auto: on here), its per-layer numerics on two real batches of the data
+the run would train on (mpt/train/numerics.py), printed and written to a run folder
+(dtypes.json, memory.json, layers.json, numerics.json, TensorBoard texts).
 """
 
 from typing import Any
@@ -16,10 +18,14 @@ from mpt import models
 from mpt.errors import UserError
 from mpt.measure import dtypes as dtypes_lib
 from mpt.measure import memory
+from mpt.records import numerics as records
 from mpt.records import rundir
+from mpt.train import data as data_lib
 from mpt.train import layers as layers_lib
+from mpt.train import numerics as numerics_lib
 from mpt.train import precision
 from mpt.train import preflight
+from mpt.train import steps as steps_lib
 from mpt.train.model import build_model
 
 
@@ -37,7 +43,8 @@ def inspect_only(cfg: config.Config) -> dict[str, Any]:
   keras.backend.clear_session()
   keras.utils.set_random_seed(cfg.seed)
   print(precision.describe(precision.set_policy(cfg.policy)))
-  model = build_model(cfg, 10)
+  data = data_lib.load(cfg) if numerics_lib.wanted(cfg, inspect=True) else None
+  model = build_model(cfg, len(data.class_names) if data else 10)
   report = dtypes_lib.inspect_model(model, seed=cfg.seed)
   print(dtypes_lib.format_table(report))
   trainable = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
@@ -51,13 +58,23 @@ def inspect_only(cfg: config.Config) -> dict[str, Any]:
   per_layer = layers_lib.read_or_measure(cfg, model)
   if per_layer:
     print(layers_lib.format_table(per_layer, cfg.policy))
+  found = numerics_lib.before_training(
+      cfg, model, list(data.make_train().take(numerics_lib.BATCHES)),
+      steps_lib.make_loss()) if data else None
+  if found and found.samples:
+    print(records.format_table(found))
   run_dir = rundir.create(cfg, "inspect")
+  if found:
+    records.write(run_dir, found)
   files.write_json(run_dir / "dtypes.json", report)
   files.write_json(run_dir / "memory.json", mem)
   if per_layer:
     files.write_json(run_dir / "layers.json", per_layer.to_dict())
   with tf.summary.create_file_writer(str(run_dir)).as_default(step=0):
     tf.summary.text("inspect/dtypes", dtypes_lib.format_table(report, markdown=True))
+    if found and found.samples:
+      tf.summary.text("numerics/layers", records.format_table(found))
   print(f"mpt: wrote {run_dir / 'dtypes.json'}")
   return {"status": "completed", "run_dir": str(run_dir), **report, "memory": mem,
-          "layer_costs": per_layer.to_dict() if per_layer else None}
+          "layer_costs": per_layer.to_dict() if per_layer else None,
+          "numerics": found.to_dict() if found else None}

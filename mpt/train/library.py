@@ -43,6 +43,7 @@ from mpt.records.summary import RunSummary
 from mpt.train import besteffort
 from mpt.train import ending
 from mpt.train import keras_fit
+from mpt.train import numerics as numerics_lib
 from mpt.train import precision
 from mpt.train import record
 from mpt.train import watch
@@ -90,6 +91,7 @@ class RunFolder(keras.callbacks.Callback):
     self.optimizers = watch.Optimizers()
     self.program = program_lib.Program(api=opts.api, batch_size=opts.batch_size)
     self.report, self.verdict, self.batch, self.inspected = None, None, None, False
+    self.latest = None  # The last batch fed.
     self.status = "completed"  # mpt.track: "interrupted" when the loop raised.
     self.start = time.perf_counter()
 
@@ -133,9 +135,10 @@ class RunFolder(keras.callbacks.Callback):
     self.not_measured.pop("data_wait", None)
 
   def keep(self, batch):
-    """The first batch seen, for the inspection; `batch` back."""
-    if self.batch is None:
-      self.batch = batch
+    """The first batch seen (for the inspection) and the latest (the numerics');
+    `batch` back."""
+    self.batch = batch if self.batch is None else self.batch
+    self.latest = batch
     return batch
 
   def on_train_batch_end(self, batch, logs=None):
@@ -260,14 +263,10 @@ class RunFolder(keras.callbacks.Callback):
         not_measured=self.not_measured, **found, **record.software())
 
 
-def callbacks(run_dir: str, opts: Options, **options) -> list[keras.callbacks.Callback]:
-  """The callbacks for a user's `model.fit`: `make`'s list."""
-  return make(run_dir, opts, **options)[0]
-
-
 def make(run_dir: str, opts: Options, *, warmup_steps: int = 5, log_every: int = 10,
          sample_every: float | None = 1.0, profile_steps: tuple[int, int] | None = None,
-         after_run=None) -> tuple[list[keras.callbacks.Callback], RunFolder]:
+         after_run=None, numerics: str = "auto"
+         ) -> tuple[list[keras.callbacks.Callback], RunFolder]:
   """(the callbacks for a user's `model.fit` or loop, in order; their RunFolder),
   writing the run folder `run_dir` (created; an existing run is refused, as mpt never
   overwrites one). Argument errors raise here, before training; nothing after does."""
@@ -297,4 +296,5 @@ def make(run_dir: str, opts: Options, *, warmup_steps: int = 5, log_every: int =
                                     step=lambda: counter.current,
                                     marker=keras_fit.step_marker)
     found.append(Guarded(window, "profile", parts))
+  found += numerics_lib.for_library(end, lambda: counter.done, warmup_steps, numerics)
   return found + [Guarded(end, "run", parts)], end

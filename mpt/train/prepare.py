@@ -52,6 +52,7 @@ from mpt.train import data as data_lib
 from mpt.train import distribute
 from mpt.train import keras_fit
 from mpt.train import layers as layers_lib
+from mpt.train import numerics as numerics_lib
 from mpt.train import onednn_choice
 from mpt.train import precision
 from mpt.train import preflight
@@ -191,9 +192,8 @@ def _start(cfg: config.Config) -> tuple[distribute.Setup, tuple[int, int] | None
 
 def _load_data(cfg: config.Config) -> data_lib.Data:
   data = data_lib.load(cfg)
-  logging.info("data: %s, %d train / %d val images, %d classes, %d skipped files",
-               data.source, data.n_train, data.n_val, len(data.class_names),
-               len(data.skipped_files))
+  logging.info("data: %s, %d train / %d val images, %d classes, %d skipped", data.source,
+               data.n_train, data.n_val, len(data.class_names), len(data.skipped_files))
   return data
 
 
@@ -230,8 +230,8 @@ def _before_step_one(cfg: config.Config, data: data_lib.Data, dist: distribute.S
 
 def _choose_policy(cfg: config.Config, data: data_lib.Data, dist: distribute.Setup,
                    cost: Cost | None):
-  """With --policy=auto: (the config with the policy, and the per-layer plan over it,
-  measured fastest here; the choice's record; the per-layer cost it read);
+  """With --policy=auto: (the config with the policy and plan measured fastest here
+  among those its numerics allow; the choice's record; the per-layer cost it read);
   otherwise (cfg, None, None)."""
   if cfg.policy != "auto":
     return cfg, None, None
@@ -242,9 +242,11 @@ def _choose_policy(cfg: config.Config, data: data_lib.Data, dist: distribute.Set
                                 "float32", cost)
     plan = (lambda best: layer_records.best_plan(per_layer, best)) if per_layer else None
     timer = lambda p: autopolicy.time_plan(cfg, build, p)
+  precision.set_policy("float32")  # Its numerics: every layer that would be 16-bit.
+  unsafe = numerics_lib.unsafe(cfg, build_model(cfg, len(data.class_names)), data)
   measured = cost.seconds if cost and cost.source == "measured" else 0.0  # Not cached.
   chosen, layer_policy, choice = autopolicy.choose(
-      cost, plan, timer, measured + time.perf_counter() - start)
+      cost, plan, timer, measured + time.perf_counter() - start, unsafe)
   plan_words = f" with --layer_policy={layer_policy}" if layer_policy else ""
   print(f"mpt: --policy=auto: {chosen}{plan_words} was fastest here\n"
         f"{autopolicy.format_table(choice)}", flush=True)
@@ -276,8 +278,7 @@ def _inspect(cfg: config.Config, model: keras.Model, dist: distribute.Setup,
   """(the dtype report, the memory plan); WillNotFit (a new run's folder removed)
   where the step will not fit, unless --force."""
   memory.reset_peak()  # This run's peak, not an earlier one's in the same process.
-  # The dtype report: the memory estimate's layer sizes, and dtypes.json.
-  with dist.strategy.scope():
+  with dist.strategy.scope():  # The memory estimate's layer sizes, and dtypes.json.
     inspected = dtypes_lib.inspect_model(model, seed=cfg.seed)
   mem = preflight.for_run(
       cfg, inspected, sum(int(np.prod(v.shape)) for v in model.trainable_variables),

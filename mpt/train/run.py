@@ -151,6 +151,8 @@ def finish(run: Run, cbs: RunCallbacks, status: str, message: str | None,
     cbs.window.close()
   if run.sampler:
     run.sampler.stop()
+  if cbs.numerics and status in ("completed", "diverged") and not _folder_gone(run):
+    cbs.numerics.finish(cbs.writer)  # The end's sample (best effort).
   summary = record.build(run, cbs.timer, status, message)
   if status == "interrupted" and cbs.stop.signal is not None:
     summary.stop_signal = signal.Signals(cbs.stop.signal).name

@@ -115,8 +115,11 @@ def test_slow_input_pipeline_is_input_bound_first(runs):
 def test_healthy_runs_get_no_false_alarm(runs, name):
   report = diagnose.diagnose_run(runs / name)
   assert report["findings"] == [], report["findings"]
-  # A CPU run has no GPU capture, these no per-layer cost: those checks are left out.
-  gpu_checks = {n for n, need in detectors.NEEDS.items() if need in ("gpu trace", "program", "layer cost", "xla measured")}
+  # A CPU run has no GPU capture, these no per-layer cost or numerics: those checks
+  # are left out.
+  gpu_checks = {n for n, need in detectors.NEEDS.items() if need in (
+      "gpu trace", "program", "layer cost", "xla measured", "numerics.json",
+      "float32 seeds")}
   assert set(report["checked_clear"]) == set(detectors.DETECTORS) - gpu_checks
   assert "No findings" in diagnose_report.format_report(report)
 
@@ -600,6 +603,11 @@ def docs_mismatches(text: str) -> list[tuple[str, str]]:
       "memory-bound GPU ops": [f">= {d.MEMORY_BOUND_SHARE:.0%} of kernel time",
                                f"transposes >= {d.TRANSPOSE_SHARE:.0%}"],
       "Cast ops (CPU capture)": [f">= {d.FLOAT32_TIME_SHARE:.0%} of traced op time"],
+      "gradient underflow": [f">= {d.UNDERFLOW_SHARE:.0%} of a layer's nonzero",
+                             f">= {d.UNDERFLOW_SHARE:.0%} of their summed magnitude"],
+      "loss scale room": [f">= {d.SCALE_FALL:g}x after warm-up",
+                          f">= {d.SCALE_HEADROOM:g}x below"],
+      "bfloat16 error": [f"moves >= {d.BF16_ERROR:.0%}"],
   }
   return [(finding, w) for finding, words in expected.items() for w in words
           if w not in rows.get(finding, "")]

@@ -8,6 +8,7 @@ from mpt.measure import dtypes as inspect
 from mpt import models
 from mpt.train import precision
 
+from mpt.records import numerics as numerics_lib
 from helpers import mpt_forked, read_events
 
 SIXTEEN = {"float32": "float32", "mixed_float16": "float16",
@@ -50,9 +51,10 @@ def test_observed_dtypes_of_the_seed_convnet(policy):
 
 
 def test_mode_inspect_runs_without_training(tmp_path):
-  """Its report, and nothing a training run leaves (docs/outputs.md): no data made,
+  """Its report, its numerics on two batches of the data the run would train on (made
+  here once, as a run would), and nothing a training run leaves (docs/outputs.md):
   no summary.json, flags.txt, checkpoints or diagnosis, no runs.csv line, and its
-  events file holds only the report's text, no step's scalar."""
+  events file holds only the texts, no step's scalar."""
   proc = mpt_forked("--mode=inspect", "--policy=mixed_bfloat16", "--image_size=48",
                     f"--logdir={tmp_path}/logs", "--run_name=i",
                     f"--data_dir={tmp_path}/data")  # Where training would make data.
@@ -63,9 +65,12 @@ def test_mode_inspect_runs_without_training(tmp_path):
   assert report["input_shape"] == [48, 48, 3] and report["policy"] == "mixed_bfloat16"
   assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == ["i"]  # No runs.csv.
   [events] = run.glob("events.out.tfevents.*")
-  assert {p.name for p in run.iterdir()} == {"dtypes.json", "memory.json", events.name}
-  assert set(read_events(run)) == {"inspect/dtypes"}
-  assert not (tmp_path / "data").exists()
+  assert {p.name for p in run.iterdir()} == {"dtypes.json", "memory.json",
+                                              "numerics.json", events.name}
+  assert set(read_events(run)) == {"inspect/dtypes", "numerics/layers"}
+  numerics = numerics_lib.read(run)
+  assert [(s.step, s.examples) for s in numerics.samples] == [(0, 64)]
+  assert "| conv3 | Conv2D | bfloat16 |" in proc.stdout  # Its table, printed.
 
 
 def test_a_subclassed_twin_reads_like_the_functional_model():

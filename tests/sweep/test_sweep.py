@@ -374,8 +374,8 @@ def test_sweep_csv_rows_are_written_and_read_back_as_cells(tmp_path):
   cells.append_csv(path, oom)
   # Today's file: the same, with the columns of --launcher=ray at the end.
   assert path.read_bytes() == CSV_BYTES.replace(
-      b"cpu_isa\r\n", b"cpu_isa,machine,granted_gpus,granted_memory_mb\r\n").replace(
-          b"f16c\r\n", b"f16c,,,\r\n")
+      b"cpu_isa\r\n", b"cpu_isa,machine,granted_gpus,granted_memory_mb,seed,train_loss,"
+      b"train_accuracy,val_loss\r\n").replace(b"f16c\r\n", b"f16c,,,,0,,,\r\n")
   assert cells.read_csv(path) == [ok, oom]
   (tmp_path / "old.csv").write_bytes(CSV_BYTES)  # A file from before that column.
   assert cells.read_csv(tmp_path / "old.csv") == [ok, oom]
@@ -407,11 +407,14 @@ def test_a_finished_cells_figures_come_from_its_summary(tmp_path):
                              process_cpu_percent=Stat(mean=150.0, max=190.0))).write(path)
   assert cells.figures_from_summary(path) == dict(
       ms_per_step=12.5, images_per_sec=320.0, val_accuracy=0.5, device="CPU",
-      peak_rss_mb=900.0, cpu_percent=150.0)
-  path.write_text(json.dumps({"ms_per_step": 12.5, "images_per_sec": 320.0}))
+      peak_rss_mb=900.0, cpu_percent=150.0, train_loss=None, train_accuracy=None,
+      val_loss=None)
+  path.write_text(json.dumps({"ms_per_step": 12.5, "images_per_sec": 320.0,
+                              "train_loss": 1.5, "val_loss": 1.75}))
   assert cells.figures_from_summary(path) == dict(  # Version 1, no utilisation.
       ms_per_step=12.5, images_per_sec=320.0, val_accuracy=None, device="",
-      peak_rss_mb=None, cpu_percent=None)
+      peak_rss_mb=None, cpu_percent=None, train_loss=1.5, train_accuracy=None,
+      val_loss=1.75)
 
 
 def test_cells_predicted_not_to_fit_are_recorded_without_starting(tmp_path, monkeypatch):
@@ -447,3 +450,49 @@ def test_cells_predicted_not_to_fit_are_recorded_without_starting(tmp_path, monk
   assert [f.id for f in findings] == ["memory:mixed_bfloat16"]
   sweep.run(dataclasses.replace(cfg, force=True), opts)  # Starts it, and reruns all.
   assert (16, "float32") in started[3:]
+
+
+def test_seeds_are_an_axis_and_the_cells_flags_carry_each_seed(tmp_path):
+  cfg, opts = tiny_sweep(tmp_path, policies="float32,mixed_bfloat16", seeds=3,
+                         batch_sizes="4")
+  every = sweep.cells(dataclasses.replace(cfg, seed=7), opts)
+  assert sorted((c.policy, c.seed) for c in every) == [
+      (p, s) for p in ("float32", "mixed_bfloat16") for s in (7, 8, 9)]
+  assert len({c.id for c in every}) == 6 and every[0].id.endswith("_s7")
+  run = config.from_flagfile("\n".join(sweep_cell.cell_flags(cfg, every[1], tmp_path)))
+  assert run.seed == every[1].seed
+  # One seed (the default) names cells and the sweep's folder as before.
+  assert sweep.cells(cfg, dataclasses.replace(opts, seeds=1))[0].seed == cfg.seed == 0
+  assert "_s" not in sweep.cells(cfg, dataclasses.replace(opts, seeds=1))[0].id
+
+
+def _seeded(policy: str, seed: int, val_accuracy: float, train_loss: float) -> Cell:
+  return Cell("seed_convnet", 64, 32, policy, "fit", False, "ok", 100.0 + seed,
+              val_accuracy=val_accuracy, seed=seed, train_loss=train_loss,
+              train_accuracy=0.5, val_loss=1.0)
+
+
+def test_a_seeded_sweep_reports_accuracy_beside_speed_and_which_policy_stayed_within(
+    tmp_path):
+  """float32 over 3 seeds: val_accuracy 0.40..0.44 (widened by its width: 0.36..0.48);
+  mixed_bfloat16 within it, mixed_float16's third seed outside (0.30)."""
+  rows = [_seeded("float32", s, a, 1.2) for s, a in enumerate((0.40, 0.42, 0.44))]
+  rows += [_seeded("mixed_bfloat16", s, a, 1.2) for s, a in enumerate((0.41, 0.45, 0.39))]
+  rows += [_seeded("mixed_float16", s, a, 1.2) for s, a in enumerate((0.42, 0.43, 0.30))]
+  for r in rows:
+    cells.append_csv(tmp_path / "sweep.csv", r)
+  table = sweep_report.markdown(cells.read_csv(tmp_path / "sweep.csv"))
+  assert "| 32 | 101.0 | 101.0 | 101.0 |" in table  # The median ms/step over seeds.
+  assert "| seed_convnet 64 px fit | 32 | mixed_bfloat16 | 3 | train_loss 1.2 " in table
+  assert "val_accuracy 0.4167 (0.39..0.45 over 3 seeds) |" in table
+  lines = {l.split(" | ")[2]: l for l in table.splitlines() if l.startswith("| seed_")}
+  assert lines["mixed_bfloat16"].endswith("| yes |")
+  assert "| no: val_accuracy 0.3 outside float32's 0.4..0.44 (3 seeds) |" in \
+      lines["mixed_float16"]
+  from mpt.diagnose import sweep as diagnose_sweep
+  report = diagnose_sweep.diagnose(tmp_path)
+  assert [f["id"] for f in report["findings"]] == ["metrics_spread:mixed_float16"]
+  assert report["findings"][0]["severity"] == "high"
+  said = "\n".join(report["accuracy"])
+  assert "mixed_bfloat16 at seed_convnet 64 px b32 fit: within float32's spread" in said
+  assert "mixed_float16 at seed_convnet 64 px b32 fit: OUTSIDE" in said

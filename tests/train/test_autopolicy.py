@@ -4,6 +4,7 @@
 import json
 import math
 
+import keras
 import pytest
 
 from mpt import config
@@ -173,3 +174,28 @@ def test_auto_is_for_single_training_runs(tiny, tmp_path):
   from mpt.train import dryrun
   with pytest.raises(UserError, match="use it with --mode=train"):
     dryrun.inspect_only(tiny(policy="auto"))
+
+
+def test_float16_is_dropped_where_the_numerics_say_a_layer_would_overflow(tiny):
+  """The model as built, sampled on the run's first batches: a layer whose outputs
+  pass 65504 rules mixed_float16 out however fast it measured, and the table says
+  which layer; the seed convnet rules nothing out."""
+  from mpt.train import data as data_lib
+  from mpt.train import numerics as numerics_lib
+  from mpt.train.model import build_model
+  cfg = tiny()
+  data = data_lib.load(cfg)
+  x = keras.Input((16, 16, 3))
+  h = keras.layers.Conv2D(4, 3, activation="relu", name="conv")(x)
+  h = keras.layers.GlobalAveragePooling2D()(keras.layers.Rescaling(1e6, name="boost")(h))
+  model = keras.Model(x, keras.layers.Dense(10, activation="softmax", dtype="float32")(h))
+  unsafe = numerics_lib.unsafe(cfg, model, data)
+  assert list(unsafe) == ["mixed_float16"] and unsafe["mixed_float16"].startswith(
+      "numerics: boost (")
+  assert numerics_lib.unsafe(cfg, build_model(cfg, len(data.class_names)), data) == {}
+  chosen, _, choice = autopolicy.choose(
+      _cost(float32=100.0, mixed_bfloat16=80.0, mixed_float16=30.0), unsafe=unsafe)
+  assert chosen == "mixed_bfloat16"
+  rows = {r.policy: r for r in choice.candidates}
+  assert rows["mixed_float16"].dropped == unsafe["mixed_float16"]
+  assert "numerics: boost" in autopolicy.format_table(choice)

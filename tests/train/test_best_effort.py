@@ -30,7 +30,7 @@ for part in PARTS:
   model.compile("sgd", "binary_crossentropy", metrics=["binary_accuracy"])
   history = model.fit(x, y, batch_size=4, epochs=2, verbose=0, callbacks=mpt.callbacks(
       f"{out}/fit_{part}", batch_size=4, warmup_steps=1, log_every=2,
-      sample_every=0.01, profile_steps=(3, 4)))
+      sample_every=0.01, profile_steps=(3, 4), numerics="on"))
   opt = keras.optimizers.SGD()
   @tf.function
   def step(a, b):
@@ -39,7 +39,7 @@ for part in PARTS:
     opt.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
     return {"loss": tf.reduce_mean(loss)}
   run = mpt.track(f"{out}/loop_{part}", model, batch_size=4, optimizer=opt,
-                  warmup_steps=1, log_every=2, sample_every=0.01)
+                  warmup_steps=1, log_every=2, sample_every=0.01, numerics="on")
   tracked, ds = run.step(step), tf.data.Dataset.from_tensor_slices((x, y)).batch(4)
   steps = 0
   with run:

@@ -19,6 +19,7 @@ import textwrap
 import pytest
 
 from helpers import ROOT, USER_SCALE_LAYER, read_events
+from mpt.records import numerics as numerics_lib
 from mpt.records import summary as summary_lib
 
 
@@ -109,6 +110,14 @@ def test_user_script_gets_a_run_folder(user_runs):
   assert summary.policy_verdict is not None and summary.policy_verdict.evidence == (
       "flags" if os.environ.get("MPT_KERNELS") == "none" else "probe")
   assert "cannot be rebuilt under another policy" in summary.not_measured["cost"]
+  # Its numerics (a 16-bit global policy: --numerics' auto), on the batches it fed:
+  # after the warm-up's 2 steps and at the fit's end, every layer of its model.
+  numerics = numerics_lib.read(run_dir)
+  assert [(s.step, s.examples) for s in numerics.samples] == [(3, 8), (16, 8)]
+  assert [r.cls for r in numerics.samples[0].layers] == [
+      "Conv2D", "GlobalAveragePooling2D", "Dense", "Activation"]
+  assert all(r.grad is not None for r in numerics.samples[0].layers[:3])  # fit's loss.
+  assert "numerics" not in summary.not_measured and "mpt: numerics at step 3" in stdout
 
 
 def test_user_script_gets_mpts_tags_and_diagnosis(user_runs):

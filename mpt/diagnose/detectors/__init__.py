@@ -10,6 +10,8 @@ runs, in what order, and which finding supersedes which.
   shapes.py     the model's layers (dtypes.json) beside the trace
   precision.py  the loss scale (and a script's loss never scaled), the memory
                 estimate
+  numerics.py   the per-layer numerics (float16's range, bfloat16's error) and the
+                final metrics beside float32's seeds
   gpu.py        a GPU capture's kernels: Tensor Cores used or not, the bound on
                 mixed_float16's gain, memory-bound ops, a GPU waiting on the host
 
@@ -23,10 +25,11 @@ import functools
 from typing import Callable
 
 from mpt.diagnose.detectors import gpu, kernels, layers, precision, shapes, speed
-from mpt.diagnose.detectors import timing
+from mpt.diagnose.detectors import numerics, timing
 from mpt.diagnose.evidence import Evidence
 from mpt.diagnose.findings import Finding
 from mpt.diagnose.gpu_evidence import GpuEvidence
+from mpt.records import spread
 
 
 def _on_gpu(rule: Callable[[GpuEvidence], Finding | None]):
@@ -43,6 +46,10 @@ DETECTORS: dict[str, Callable[[Evidence], Finding | None]] = {
     "opportunity": kernels.opportunity, "slow_layers": layers.slow_layers,
     "loss_scale": precision.loss_scale,
     "loss_never_scaled": precision.loss_never_scaled,
+    "f16_overflow": numerics.f16_overflow,
+    "gradient_underflow": numerics.gradient_underflow,
+    "loss_scale_room": numerics.loss_scale_room, "bf16_error": numerics.bf16_error,
+    "metrics_spread": numerics.metrics_spread,
     "input_bound": timing.input_bound, "low_utilisation": timing.low_utilisation,
     "shared_machine": timing.shared_machine, "misaligned": shapes.misaligned,
     "float32_work": shapes.float32_work, "batchnorm_cost": shapes.batchnorm_cost,
@@ -66,11 +73,18 @@ SUPERSEDED_BY = {
 # CPU run no GPU capture).
 NEEDS = {"slow_layers": "layer cost", "xla": "xla measured", "misaligned": "dtypes.json", "float32_work": "dtypes.json",
          "batchnorm_cost": "dtypes.json", "loss_never_scaled": "program",
+         **{name: "numerics.json" for name in ("f16_overflow", "gradient_underflow",
+                                               "loss_scale_room", "bf16_error")},
+         "metrics_spread": "float32 seeds",
          **{name: "gpu trace" for name in gpu.RULES}}
 _HAS = {"dtypes.json": lambda ev: ev.dtypes is not None,
         "layer cost": lambda ev: ev.summary.layer_costs is not None,
         "xla measured": lambda ev: speed.xla_steps(ev) is not None,
         "program": lambda ev: ev.summary.program is not None,
+        "numerics.json": lambda ev: ev.numerics is not None,
+        "float32 seeds": lambda ev: (ev.summary.policy != "float32" and
+                                     len(spread.by_seed(ev.float32_runs)) >=
+                                     spread.MIN_SEEDS),
         "gpu trace": lambda ev: ev.gpu is not None}
 
 

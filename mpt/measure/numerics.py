@@ -1,0 +1,207 @@
+"""Per-layer numerics of a model on real batches: each layer's output and the gradient
+flowing into it against float16's range, and its output's error in bfloat16 (the
+record and the shares derived from it: mpt/records/numerics.py).
+
+`sample(model, batches, loss, ...)` runs the model's forward and backward pass on each
+batch (its first MAX_EXAMPLES examples), eagerly, in float32: every layer computing in a 16-bit dtype is switched to
+float32 for the pass and back after it (a built Keras 3 layer takes a new policy and
+keeps its float32 variables; a traced step keeps the policy it was traced with), so
+the values are the run's own weights and batches at full precision, and the answer is
+"what float16 would do" under any policy. Every layer call is watched
+(mpt/measure/observe.py); the gradient tape takes the loss's gradient with respect to
+each layer's output. The pass runs in training mode, as the step does, and the
+model's non-trainable state (BatchNorm's moving statistics, dropout's seed) is put
+back after it: the training it samples goes on as if it had not looked.
+
+Then each leaf layer is called again on the first BF16_EXAMPLES examples of its
+recorded input, once in float32 and once under mixed_bfloat16: the relative error
+of its output is bfloat16's own in that layer, its inputs exact. A layer that cannot
+be called alone (several arguments, a mask) gets none.
+"""
+
+import contextlib
+import time
+from typing import Any, Callable, Iterable
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from mpt.measure import observe
+from mpt.models import fused_bn
+from mpt.records.numerics import F16_MAX, LayerNumerics, Sample, Values
+
+BF16_EXAMPLES = 8
+# Examples of each batch a sample reads: its float32 pass keeps every layer's output
+# and gradient, so a large batch would raise the run's measured peak memory (and its
+# time) for a share of values the first 64 already give.
+MAX_EXAMPLES = 64
+# Layers whose output sums or normalises over many values: bfloat16's error in what
+# they read moves what they make (a softmax's logits, a normalisation's statistics).
+REDUCTIONS = ("Softmax", "LayerNormalization", "BatchNormalization",
+              "FusedBatchNormalization", "GroupNormalization", "UnitNormalization",
+              "RMSNormalization", "GlobalAveragePooling1D", "GlobalAveragePooling2D",
+              "GlobalAveragePooling3D", "MultiHeadAttention", "Attention",
+              "GroupQueryAttention")
+Loss = Callable[[Any, Any, Any], Any]  # (x, y, prediction) -> the scalar loss.
+
+
+def values(t) -> Values:
+  """`t`'s magnitudes as a Values (computed in float32)."""
+  a = np.abs(np.asarray(tf.cast(t, tf.float32))).ravel()
+  finite = np.isfinite(a)
+  nonzero = a[finite & (a > 0)]
+  _, exponents = np.frexp(nonzero)  # |v| = m * 2^e with m in [0.5, 1).
+  bins, counts = np.unique(exponents - 1, return_counts=True)
+  return Values(
+      count=int(a.size), zeros=int(np.sum(a == 0)), nonfinite=int(np.sum(~finite)),
+      overflow=int(np.sum(a > F16_MAX)),  # inf too, not NaN.
+      max=float(np.max(a)) if a.size else 0.0,
+      min_nonzero=float(np.min(nonzero)) if nonzero.size else None,
+      hist={str(int(b)): int(n) for b, n in zip(bins, counts)})
+
+
+def is_reduction(layer: keras.layers.Layer) -> bool:
+  activation = getattr(getattr(layer, "activation", None), "__name__", "")
+  return type(layer).__name__ in REDUCTIONS or activation in ("softmax", "log_softmax")
+
+
+@contextlib.contextmanager
+def in_float32(model: keras.Model):
+  """Every layer of `model` (itself included) computing in float32 inside the block;
+  yields {id(layer): (the compute dtype it had, whether its policy is its own)}.
+
+  Keras 3.15: layers and the model made without `dtype=` under a global policy set
+  hold that one policy object, a layer made with it a policy of its own
+  (tests/measure/test_numerics.py fails if that changes); where the model shares its
+  object with none of its layers, a policy named otherwise is its own."""
+  layers = [model] + fused_bn.all_layers(model)
+  had = {id(l): l.dtype_policy for l in layers}
+  common = model.dtype_policy
+  shared = any(l.dtype_policy is common for l in layers[1:])
+  own = lambda p: p is not common if shared else p.name != common.name
+  switched = [l for l in layers if l.dtype_policy.compute_dtype in ("float16", "bfloat16")]
+  try:
+    for layer in switched:
+      layer.dtype_policy = "float32"
+    yield {i: (p.compute_dtype, own(p)) for i, p in had.items()}
+  finally:
+    for layer in switched:
+      layer.dtype_policy = had[id(layer)]
+
+
+@contextlib.contextmanager
+def state_kept(model: keras.Model):
+  """The model's non-trainable variables as they were before the block."""
+  kept = [(v, tf.identity(v.value)) for v in model.non_trainable_variables]
+  try:
+    yield
+  finally:
+    for v, value in kept:
+      v.assign(value)
+
+
+def _pass(model: keras.Model, x, y, loss: Loss | None):
+  """(the watched layer calls, their gradients or None, the loss) of one batch."""
+  seen: dict[int, observe.Call] = {}
+  x = keras.tree.map_structure(
+      lambda t: tf.convert_to_tensor(t) if isinstance(t, np.ndarray) else t, x)
+  with tf.GradientTape() as tape:
+    for t in keras.tree.flatten(x):
+      if isinstance(t, tf.Tensor) and t.dtype.is_floating:
+        tape.watch(t)
+    with observe.watching(seen):
+      prediction = model(x, training=True)
+    value = loss(x, y, prediction) if loss else None
+  calls = [c for c in seen.values() if c.layer is not model and c.output is not None
+           and c.output.dtype.is_floating and not isinstance(c.layer, keras.Model)]
+  grads = tape.gradient(value, [c.output for c in calls]) if value is not None \
+      else [None] * len(calls)
+  return calls, grads, None if value is None else float(value)
+
+
+def _consumers(calls: list[observe.Call], x) -> set[int]:
+  """The ids of the layers whose output a reduction reads."""
+  made_by = {id(t): id(c.layer) for c in calls for t in c.outputs}
+  found = set()
+  for call in calls:
+    if is_reduction(call.layer):
+      for t in keras.tree.flatten(call.argument):
+        if id(t) in made_by:
+          found.add(made_by[id(t)])
+  return found
+
+
+def _first(argument, n: int, batch: int):
+  """`argument` with each tensor of `batch` examples cut to its first `n`."""
+  if argument is None:
+    return None
+  return keras.tree.map_structure(
+      lambda t: t[:n] if hasattr(t, "shape") and len(t.shape) and t.shape[0] == batch
+      else t, argument)
+
+
+def bf16_error(layer: keras.layers.Layer, argument, n: int, batch: int) -> float | None:
+  """||y_bf16 - y_f32|| / ||y_f32|| of `layer` on the first `n` examples of its
+  (float32) `argument`; None where it cannot be called on that alone."""
+  had = layer.dtype_policy
+  part = _first(argument, n, batch)
+  try:
+    exact = layer(part, training=False)
+    layer.dtype_policy = "mixed_bfloat16"
+    rounded = layer(part, training=False)
+  except (TypeError, ValueError, tf.errors.OpError, NotImplementedError):
+    return None
+  finally:
+    layer.dtype_policy = had
+  exact = np.asarray(tf.cast(observe.first_tensor(exact), tf.float64))
+  rounded = np.asarray(tf.cast(observe.first_tensor(rounded), tf.float64))
+  norm = float(np.linalg.norm(exact))
+  return float(np.linalg.norm(rounded - exact)) / norm if norm else 0.0
+
+
+def sample(model: keras.Model, batches: Iterable[tuple[Any, Any]], loss: Loss | None,
+           step: int, loss_scale: float | None,
+           clock: Callable[[], float] = time.perf_counter) -> Sample:
+  """One sample of `model`'s numerics on `batches` of (x, y) at `step`."""
+  start = clock()
+  rows: dict[int, LayerNumerics] = {}
+  losses, examples, first = [], 0, None
+  with in_float32(model) as dtypes, state_kept(model):
+    for x, y in batches:
+      n = int(keras.tree.flatten(x)[0].shape[0])
+      x, y = _first(x, MAX_EXAMPLES, n), _first(y, MAX_EXAMPLES, n)
+      calls, grads, value = _pass(model, x, y, loss)
+      first = first or (calls, x)
+      examples += int(keras.tree.flatten(x)[0].shape[0])
+      losses += [value] if value is not None else []
+      for call, grad in zip(calls, grads):
+        out = values(call.output)
+        g = values(grad) if grad is not None else None
+        row = rows.get(id(call.layer))
+        if row is None:
+          dtype, pinned = dtypes.get(id(call.layer), ("float32", False))
+          rows[id(call.layer)] = LayerNumerics(
+              "", type(call.layer).__name__, dtype, out, g, pinned=pinned)
+        else:
+          row.output = row.output.merge(out)
+          row.grad = row.grad.merge(g) if row.grad and g else row.grad or g
+    if first:
+      _name_and_round(rows, *first)
+  return Sample(step=step, examples=examples, loss_scale=loss_scale,
+                loss=float(np.mean(losses)) if losses else None,
+                layers=list(rows.values()), seconds=round(clock() - start, 3))
+
+
+def _name_and_round(rows: dict[int, LayerNumerics], calls: list[observe.Call], x):
+  """Names the rows, marks those a reduction reads, and measures bfloat16's error
+  in each leaf layer (on the first batch)."""
+  names = observe.unique_names(calls)
+  feeds = _consumers(calls, x)
+  batch = int(keras.tree.flatten(x)[0].shape[0])
+  for call in calls:
+    row = rows[id(call.layer)]
+    row.name = names[id(call.layer)]
+    row.reduction = is_reduction(call.layer) or id(call.layer) in feeds
+    if call.leaf and call.argument is not None:
+      row.bf16_error = bf16_error(call.layer, call.argument, BF16_EXAMPLES, batch)

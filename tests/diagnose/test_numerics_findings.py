@@ -1,0 +1,145 @@
+"""The numerics of whole runs: the issue's convnet whose layer leaves float16's range
+(the run diverges and the diagnosis names the layer, not only "find the layer"), no
+numerics finding on the registered variants under each policy, numerics.json against
+a direct float32 computation, and the final metrics beside float32's seeds.
+"""
+
+import dataclasses
+import json
+import pathlib
+import sys
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import helpers
+from mpt import models
+from mpt.diagnose import detectors
+from mpt.diagnose.evidence import Evidence
+from mpt.measure import numerics
+from mpt.records import numerics as records
+from mpt.records import spread
+from mpt.records.summary import RunSummary
+from mpt.train import data as data_lib
+from mpt.train import precision
+from mpt.train import steps as steps_lib
+from mpt.train.model import build_model
+
+NUMERICS = ("f16_overflow", "gradient_underflow", "loss_scale_room", "bf16_error")
+
+
+def overflowing_convnet(input_shape, num_classes):
+  """A small convnet whose `boost` layer multiplies its input by 10^5: its outputs
+  pass 65504 on any image that is not black."""
+  x = keras.Input(input_shape)
+  h = keras.layers.Conv2D(8, 3, activation="relu", name="conv")(x)
+  h = keras.layers.Rescaling(1e5, name="boost")(h)
+  h = keras.layers.GlobalAveragePooling2D(name="gap")(h)
+  h = keras.layers.Rescaling(1e-5, name="back")(h)
+  out = keras.layers.Dense(num_classes, name="logits")(h)
+  return keras.Model(x, keras.layers.Activation("softmax", dtype="float32")(out))
+
+
+def test_the_issues_convnet_diverges_and_the_diagnosis_names_the_layer(tiny):
+  """The run the issue tried: mixed_float16 diverged at step 1; the diagnosis now says
+  which layer overflows float16 and how to keep it in float32."""
+  sys.modules.setdefault("wrong_nets", sys.modules[__name__])
+  cfg = tiny(model="wrong_nets:overflowing_convnet", policy="mixed_float16", epochs=1,
+             warmup_steps=1, checkpoint=False)
+  summary = helpers.train_run(cfg)
+  assert summary["status"] == "diverged"
+  run_dir = next(pathlib.Path(cfg.logdir).glob("*/summary.json")).parent
+  found = records.read(run_dir)
+  rows = {r.name: r for r in records.worst(found)}
+  assert rows["boost"].overflow > 0 and rows["conv"].overflow == 0
+  diagnosis = json.loads((run_dir / "diagnosis.json").read_text())
+  by_id = {f["id"]: f for f in diagnosis["findings"]}
+  assert by_id["f16_overflow"]["severity"] == "high"
+  assert by_id["f16_overflow"]["title"].startswith("boost's activations overflow")
+  assert "--layer_policy='boost=float32'" in by_id["f16_overflow"]["next_step"]
+  assert "safe under bfloat16" in by_id["f16_overflow"]["next_step"]
+  assert "## Numerics per layer" in (run_dir / "diagnosis.md").read_text()
+
+
+# The larger variants at smaller widths and depths: the same layers, in seconds.
+SMALLER = {"resnet": "depth=10,width=16", "mobilenet": "alpha=0.35",
+           "vit": "dim=48,depth=2,heads=3,mlp=96"}
+
+
+@pytest.mark.parametrize("name", models.names())
+def test_the_registered_variants_raise_no_numerics_finding(tiny, name):
+  """Each variant as built, on a real batch, under each policy: no numerics finding."""
+  cfg = tiny(model=name, model_opts=SMALLER.get(name, ""))
+  data = data_lib.load(cfg)
+  batches = list(data.train_from(0).take(1))
+  loss = steps_lib.make_loss()
+  for policy in ("float32", "mixed_bfloat16", "mixed_float16"):
+    keras.utils.set_random_seed(0)
+    precision.set_policy(policy)
+    model = build_model(dataclasses.replace(cfg, policy=policy), len(data.class_names))
+    sample = numerics.sample(model, batches, lambda x, y, p: loss(y, p), 0, 2.0**15)
+    ev = Evidence(RunSummary(policy=policy, status="completed"), None,
+                  numerics=records.Numerics(policy, samples=[sample]))
+    fired = {n: f.title for n in NUMERICS if (f := detectors.DETECTORS[n](ev))}
+    assert not fired, (name, policy, fired)
+  precision.set_policy("float32")
+
+
+def _direct(values: np.ndarray) -> dict:
+  """numpy's count of what numerics.json records of a tensor."""
+  a = np.abs(values.astype(np.float64)).ravel()
+  nonzero = a[a > 0]
+  exponents = np.floor(np.log2(nonzero)).astype(int)
+  bins, counts = np.unique(exponents, return_counts=True)
+  return {"max": a.max(), "zeros": int(np.sum(a == 0)), "count": a.size,
+          "hist": dict(zip(bins.tolist(), counts.tolist()))}
+
+
+def _close(recorded: records.Values, direct: list[dict]) -> None:
+  """The record of several batches against numpy's count of each."""
+  assert recorded.count == sum(d["count"] for d in direct)
+  assert recorded.max == pytest.approx(max(d["max"] for d in direct), rel=1e-4)
+  assert abs(recorded.zeros - sum(d["zeros"] for d in direct)) <= recorded.count * 1e-3
+  hist: dict[int, int] = {}
+  for d in direct:
+    for e, n in d["hist"].items():
+      hist[e] = hist.get(e, 0) + n
+  moved = sum(abs(recorded.hist.get(str(e), 0) - n) for e, n in hist.items())
+  assert moved <= recorded.count * 2e-3  # Elements at a bin edge, float32 rounding.
+
+
+def test_numerics_json_agrees_with_a_direct_float32_computation(tiny):
+  """The seed convnet trained under mixed_bfloat16 with --numerics=on: its
+  numerics.json's end sample against a float32 copy of the model holding the run's
+  final checkpoint, called directly (no layer watched, no policy switched) on the
+  same batches, with the gradient tape on its layers' outputs."""
+  cfg = tiny(policy="mixed_bfloat16", numerics="on", epochs=1)
+  helpers.train_run(cfg)
+  run_dir = next(pathlib.Path(cfg.logdir).glob("*/summary.json")).parent
+  found = records.read(run_dir)
+  assert [s.step for s in found.samples] == [cfg.warmup_steps + 1, 8]
+  end = {r.name: r for r in found.samples[-1].layers}
+  assert {r.dtype for r in end.values()} == {"bfloat16", "float32"}
+
+  precision.set_policy("float32")
+  data = data_lib.load(cfg)
+  copy = build_model(dataclasses.replace(cfg, policy="float32"), len(data.class_names))
+  tf.train.Checkpoint(model=copy).restore(
+      tf.train.latest_checkpoint(run_dir / "checkpoints")).expect_partial()
+  names = ["conv1", "bn1", "conv3", "logits"]
+  probe = keras.Model(copy.inputs, [copy.get_layer(n).output for n in names] +
+                      [copy.output])
+  loss = steps_lib.make_loss()
+  direct = {n: ([], []) for n in names}
+  for x, y in data.train_from(8).take(2):
+    with tf.GradientTape() as tape:
+      *outs, prediction = probe(x, training=True)
+      value = loss(y, prediction)
+    for n, out, grad in zip(names, outs, tape.gradient(value, outs)):
+      direct[n][0].append(_direct(out.numpy()))
+      direct[n][1].append(_direct(grad.numpy()))
+  for n in names:
+    _close(end[n].output, direct[n][0])
+    _close(end[n].grad, direct[n][1])
