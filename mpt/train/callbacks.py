@@ -115,7 +115,8 @@ def make(run: Run) -> RunCallbacks:
       flush=writer.flush)
   found = RunCallbacks(counter, timer, writer, guard, checkpoints,
                        guards.SignalStop(lambda: counter.done, spe), metrics)
-  found.numerics = numerics_lib.for_run(run, steps_lib.make_loss(), lambda: counter.done)
+  found.numerics = numerics_lib.for_run(run, steps_lib.make_loss(), lambda: counter.done,
+                                        writer)
   if injection.kill_at():
     found.kills = guards.KillPoints(lambda: counter.done)
   found.lines = console.epoch_lines(

@@ -57,20 +57,27 @@ class Source:
 
 
 class Watch(keras.callbacks.Callback):
-  """Samples after the step `at_step` and at `finish()`; writes numerics.json to
-  `run_dir` after each."""
+  """Samples after the step `at_step` and at `finish()` (inside a user's fit: at each
+  fit's end, `ends_fit`); writes numerics.json to `run_dir` after each, and the table
+  as `writer`'s text at the end. `parts` records what fails (default: its own, into
+  numerics.json's `not_measured`)."""
 
   def __init__(self, source: Source, found: Numerics, run_dir: pathlib.Path,
                at_step: int, done: Callable[[], int],
-               parts: besteffort.Parts | None = None):
+               parts: besteffort.Parts | None = None, writer=None,
+               ends_fit: bool = False):
     super().__init__()
     self.source, self.found, self.run_dir = source, found, run_dir
-    self.at_step, self.done = at_step, done
+    self.at_step, self.done, self.writer, self.ends_fit = at_step, done, writer, ends_fit
     self.parts = parts or besteffort.Parts(found.not_measured)
 
   def on_train_batch_end(self, batch, logs=None):
     if not self.found.samples and self.done() >= self.at_step:
       self.take()
+
+  def on_train_end(self, logs=None):
+    if self.ends_fit:
+      self.finish()
 
   def take(self) -> None:
     """A sample now (best effort)."""
@@ -87,12 +94,12 @@ class Watch(keras.callbacks.Callback):
     records.write(self.run_dir, self.found)
     print(records.one_line(sample, self.found.policy), flush=True)
 
-  def finish(self, writer=None) -> Numerics:
-    """The end's sample, numerics.json, and the table as `writer`'s text."""
+  def finish(self) -> Numerics:
+    """The end's sample, numerics.json, and the table as the writer's text."""
     self.take()
     self.parts.attempt("numerics", records.write, self.run_dir, self.found)
-    if writer is not None and self.found.samples:
-      self.parts.attempt("writer", writer.text, "numerics/layers",
+    if self.writer is not None and self.found.samples:
+      self.parts.attempt("writer", self.writer.text, "numerics/layers",
                          records.format_table(self.found))
     return self.found
 
@@ -109,9 +116,11 @@ def sparse_loss(loss: keras.losses.Loss) -> measure.Loss:
   return lambda x, y, prediction: loss(y, prediction)
 
 
-def for_run(run, loss: keras.losses.Loss, done: Callable[[], int]) -> Watch | None:
-  """The watch of an mpt run (mpt/train/prepare.py's Run), or None where it takes
-  none (not wanted, or a model on several replicas: a sample reads one)."""
+def for_run(run, loss: keras.losses.Loss, done: Callable[[], int],
+            writer=None) -> Watch | None:
+  """The watch of an mpt run (mpt/train/prepare.py's Run; `writer`: its TensorBoard
+  writer), or None where it takes none (not wanted, or a model on several replicas:
+  a sample reads one)."""
   cfg = run.cfg
   if not wanted(cfg) or not run.dist.is_chief:
     return None
@@ -125,7 +134,8 @@ def for_run(run, loss: keras.losses.Loss, done: Callable[[], int]) -> Watch | No
   source = Source(lambda: run.model, of_data(run.data), lambda: sparse_loss(loss),
                   lambda: precision.loss_scale(run.optimizer)
                   if config.scales_loss(cfg) else None)
-  return Watch(source, found, run.out_dir, run.start_step + cfg.warmup_steps + 1, done)
+  return Watch(source, found, run.out_dir, run.start_step + cfg.warmup_steps + 1, done,
+               writer=writer)
 
 
 def before_training(cfg: config.Config, model: keras.Model, batches: list,
@@ -193,16 +203,8 @@ def for_library(end, done: Callable[[], int], warmup_steps: int,
     return [(x, y)]
 
   found = Numerics(policy.name, "dynamic" if policy.name == "mixed_float16" else "none")
-  watch = _LibraryWatch(Source(model, batches, lambda: _fit_loss(model(), end.opts.api),
-                               end.optimizers.loss_scale),
-                        found, end.run_dir, warmup_steps + 1, done, end.parts)
-  watch.writer = end.writer
+  source = Source(model, batches, lambda: _fit_loss(model(), end.opts.api),
+                  end.optimizers.loss_scale)
+  watch = Watch(source, found, end.run_dir, warmup_steps + 1, done, end.parts,
+                end.writer, ends_fit=True)
   return [besteffort.Guarded(watch, "numerics", end.parts)]
-
-
-class _LibraryWatch(Watch):
-  """The watch inside a user's fit: its end's sample at each fit's end."""
-  writer = None
-
-  def on_train_end(self, logs=None):
-    self.finish(self.writer)

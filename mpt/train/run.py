@@ -152,7 +152,7 @@ def finish(run: Run, cbs: RunCallbacks, status: str, message: str | None,
   if run.sampler:
     run.sampler.stop()
   if cbs.numerics and status in ("completed", "diverged") and not _folder_gone(run):
-    cbs.numerics.finish(cbs.writer)  # The end's sample (best effort).
+    cbs.numerics.finish()  # The end's sample (best effort).
   summary = record.build(run, cbs.timer, status, message)
   if status == "interrupted" and cbs.stop.signal is not None:
     summary.stop_signal = signal.Signals(cbs.stop.signal).name

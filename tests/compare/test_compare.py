@@ -262,3 +262,27 @@ def test_runs_from_several_machines_are_a_block_each(tmp_path):
   for label, cells in spr.items():
     assert cells["vs float32"] == f"{ms(spr_f32) / ms(label):.2f}x", (label, cells)
   assert amd["bf16_seed"]["vs float32"] == f"{ms('f32_fit') / ms('bf16_seed'):.2f}x"
+
+
+def test_runs_over_seeds_get_accuracy_beside_speed(logs, capsys):
+  """The recorded float32 fit run again with seeds 1 and 2 (its final accuracy 0.01
+  above and below), and the bfloat16 run of the same configuration 0.2 below it: its
+  metrics beside float32's spread over the three seeds, in the terminal and in
+  compare.md."""
+  f32 = json.loads((logs / "f32_fit" / "summary.json").read_text())
+  accuracy = f32["val_accuracy"]
+  for seed, moved in ((1, 0.01), (2, -0.01)):
+    shutil.copytree(logs / "f32_fit", logs / f"f32_fit_s{seed}")
+    patch_summary(logs / f"f32_fit_s{seed}", seed=seed, val_accuracy=accuracy + moved)
+  patch_summary(logs / "bf16_seed", val_accuracy=accuracy - 0.2, steps=f32["steps"],
+                epochs=f32["epochs"], seed=0)
+  compare.run(CompareOptions(runs=",".join(
+      str(logs / n) for n in ("f32_fit", "f32_fit_s1", "f32_fit_s2", "bf16_seed"))))
+  out = capsys.readouterr().out
+  said = out.split("accuracy beside speed (final metrics over seeds):\n")[1]
+  assert "float32 (3 seeds): " in said and "float32's spread" in said
+  assert "mixed_bfloat16 (1 seeds): " in said
+  assert "OUTSIDE float32's spread: " in said
+  assert (f"val_accuracy {accuracy - 0.2:.4g} outside float32's {accuracy - 0.01:.4g}.."
+          f"{accuracy + 0.01:.4g} (3 seeds)") in said
+  assert "## Accuracy beside speed" in (logs / "compare.md").read_text()

@@ -143,3 +143,66 @@ def test_numerics_json_agrees_with_a_direct_float32_computation(tiny):
   for n in names:
     _close(end[n].output, direct[n][0])
     _close(end[n].grad, direct[n][1])
+
+
+def _values(exponents: dict[int, int], top: float) -> records.Values:
+  """Gradients with `n` elements in each bin [2^e, 2^(e+1)), the largest `top`."""
+  n = sum(exponents.values())
+  return records.Values(count=n, max=top, hist={str(e): c for e, c in exponents.items()})
+
+
+def _sampled(step: int, scale: float, grad: records.Values) -> records.Sample:
+  row = records.LayerNumerics("dense", "Dense", "float16",
+                              records.Values(count=4, max=1.0, hist={"-1": 4}), grad)
+  return records.Sample(step, 32, scale, 1.0, [row])
+
+
+@pytest.mark.parametrize("scales,final,fires", [
+    ((32768.0, 32768.0), 32768.0, False),  # Where it started: room up to 2^17 only.
+    ((32768.0, 1024.0), 1024.0, True),     # Fell 32x after warm-up.
+    ((32768.0, 4096.0), 4096.0, False),    # Fell 8x: settling, not falling.
+])
+def test_a_dynamic_scale_that_kept_falling_is_loss_scale_room(scales, final, fires):
+  grad = _values({-2: 90, -40: 10}, 0.45)  # The largest allows 2^17; a tail at 2^-40.
+  found = records.Numerics("mixed_float16", "dynamic", [
+      _sampled(6, scales[0], grad), _sampled(200, scales[1], grad)])
+  ev = Evidence(RunSummary(policy="mixed_float16", status="completed",
+                           loss_scale=final), None, numerics=found)
+  finding = detectors.DETECTORS["loss_scale_room"](ev)
+  assert (finding is not None) == fires
+  if fires:
+    assert finding.title == "the loss scale kept falling"
+    assert "the gradients allow up to 131072" in finding.evidence[1]
+
+
+def test_a_scale_far_below_what_the_gradients_allow_while_some_underflow():
+  """Gradients whose largest is 2^-10 allow a scale of 2^25; at 2^15 a tail of them
+  (2^-45) still flushes to zero: far below, though it never fell."""
+  grad = _values({-11: 95, -45: 5}, 2.0**-10)
+  found = records.Numerics("mixed_float16", "dynamic", [
+      _sampled(6, 32768.0, grad), _sampled(200, 32768.0, grad)])
+  ev = Evidence(RunSummary(policy="mixed_float16", status="completed",
+                           loss_scale=32768.0), None, numerics=found)
+  finding = detectors.DETECTORS["loss_scale_room"](ev)
+  assert finding.title == "the loss scale sits far below what the gradients allow"
+  # A fixed scale is gradient_underflow's to judge, not this one's.
+  fixed = dataclasses.replace(found, loss_scale="32768")
+  assert detectors.DETECTORS["loss_scale_room"](dataclasses.replace(
+      ev, numerics=fixed)) is None
+
+
+def test_final_metrics_outside_float32s_seeds_are_a_finding_of_the_run():
+  base = [RunSummary(policy="float32", seed=s, status="completed", val_accuracy=a,
+                     train_loss=1.0) for s, a in enumerate((0.40, 0.42, 0.44))]
+  run = RunSummary(policy="mixed_float16", seed=0, status="completed",
+                   val_accuracy=0.30, train_loss=1.0)
+  finding = detectors.DETECTORS["metrics_spread"](Evidence(run, None, float32_runs=base))
+  assert finding.severity == "high" and "val_accuracy" in finding.title
+  assert "val_accuracy 0.3 outside float32's 0.4..0.44 (3 seeds)" in finding.evidence
+  within = dataclasses.replace(run, val_accuracy=0.45)
+  assert detectors.DETECTORS["metrics_spread"](Evidence(within, None,
+                                                        float32_runs=base)) is None
+  # One float32 seed, however often repeated, has no spread: nothing is judged.
+  same = [dataclasses.replace(b, seed=0) for b in base]
+  assert detectors.DETECTORS["metrics_spread"](Evidence(run, None,
+                                                        float32_runs=same)) is None

@@ -174,7 +174,8 @@ def test_a_large_vocabulary_softmax_shows_bfloat16s_error_and_its_logits_do_not(
 
 
 def test_a_sample_leaves_the_model_as_it_was():
-  """Policies and non-trainable state (BatchNorm's moving statistics) put back."""
+  """Policies and non-trainable state (BatchNorm's moving statistics) put back; a
+  large batch read in its first MAX_EXAMPLES examples."""
   rng = np.random.default_rng(3)
   keras.mixed_precision.set_global_policy("mixed_float16")
   try:
@@ -187,8 +188,10 @@ def test_a_sample_leaves_the_model_as_it_was():
   finally:
     keras.mixed_precision.set_global_policy("float32")
   before = [v.numpy().copy() for v in model.non_trainable_variables]
-  images = rng.uniform(0, 5, (8, 4, 4, 3)).astype("float32")
-  sample = numerics.sample(model, [(images, np.zeros(8))], _sparse, 3, 1024.0)
+  images = rng.uniform(0, 5, (80, 4, 4, 3)).astype("float32")
+  sample = numerics.sample(model, [(images, np.zeros(80))], _sparse, 3, 1024.0)
+  assert sample.examples == numerics.MAX_EXAMPLES == 64  # A large batch's first 64.
+  assert sample.layers[0].output.count == 64 * 2 * 2 * 8
   assert [l.dtype_policy.name for l in model.layers[1:4]] == ["mixed_float16"] * 3
   assert all(np.array_equal(a, v.numpy()) for a, v in zip(before, model.non_trainable_variables))
   rows = {r.name: r for r in sample.layers}
