@@ -2,10 +2,11 @@
 
 One rule for the single run's diagnosis, `--mode=compare` and a sweep: float32 runs
 of the same configuration with different seeds give, per metric, the lowest and the
-highest value; a run's metric is within float32's spread when it lies in that range
-widened by its width on each side (three runs' range covers about the middle half of
-their distribution; widened, a fourth draw of the same falls outside rarely). Fewer
-than MIN_SEEDS float32 seeds judge nothing: one run has no spread.
+highest value; a run's metric (over several seeds of a policy: their mean) is within
+float32's spread when it lies in that range widened by its width on each side (three
+runs' range covers about the middle half of their distribution; widened, a fourth
+draw of the same falls outside rarely). Fewer than MIN_SEEDS float32 seeds judge
+nothing: one run has no spread.
 """
 
 import dataclasses
@@ -73,12 +74,14 @@ class PolicySeeds:
   policy: str
   seeds: int
   values: dict[str, list[float]]  # Metric -> its value per seed.
-  judged: list[Judged]  # Each seed's metrics against float32's spread ([]: float32).
+  # Its metrics' means over its seeds against float32's spread ([]: float32).
+  judged: list[Judged]
 
   @property
   def within(self) -> bool | None:
-    """Whether every seed's metrics stayed within float32's spread; None where none
-    was judged (float32 itself, or fewer than MIN_SEEDS float32 seeds)."""
+    """Whether its metrics (means over its seeds) stayed within float32's spread;
+    None where none was judged (float32 itself, or fewer than MIN_SEEDS float32
+    seeds)."""
     return all(j.within for j in self.judged) if self.judged else None
 
   def describe(self) -> str:
@@ -94,8 +97,10 @@ class PolicySeeds:
 
 def across_seeds(runs: list[Any], key) -> list[PolicySeeds]:
   """Per configuration (`key(run)`, policy and seed left out) and policy, in order of
-  first appearance: the finished runs' metrics over seeds, each judged against the
-  float32 runs of the same configuration."""
+  first appearance: the finished runs' metrics over seeds, their means judged against
+  the float32 runs of the same configuration. (The mean over a policy's seeds, not
+  each seed: four metrics of three seeds each judged alone would put some seed
+  outside a spread of three float32 seeds for no reason but chance.)"""
   groups: dict[tuple, dict[str, list[Any]]] = {}
   for run in runs:
     groups.setdefault(key(run), {}).setdefault(run.policy, []).append(run)
@@ -106,8 +111,8 @@ def across_seeds(runs: list[Any], key) -> list[PolicySeeds]:
       members = by_seed(members)
       values = {m: [v for r in members if (v := getattr(r, m, None)) is not None]
                 for m in METRICS}
-      judged = [] if policy == "float32" else [
-          j for r in members for j in judge(metrics_of(r), base)]
+      means = {m: sum(v) / len(v) for m, v in values.items() if v}
+      judged = [] if policy == "float32" else judge(means, base)
       found.append(PolicySeeds(k, policy, len(members),
                                {m: v for m, v in values.items() if v}, judged))
   return found

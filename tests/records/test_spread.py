@@ -29,16 +29,23 @@ def test_one_float32_seed_judges_nothing_and_a_repeated_seed_counts_once():
 
 
 def test_each_policy_over_seeds_beside_float32s():
+  """float32 0.40 and 0.42: a window of 0.38..0.44. bfloat16's seeds 0.41 and 0.30
+  (mean 0.355) are outside it; float16's 0.47 and 0.36 each alone would be, their
+  mean 0.415 is not: a policy is judged by its mean over its seeds."""
   runs = [_run("float32", s, val_accuracy=a, train_loss=1.0) for s, a in
           enumerate((0.40, 0.42))] + [
       _run("mixed_bfloat16", s, val_accuracy=a, train_loss=1.0) for s, a in
-      enumerate((0.41, 0.30))]
+      enumerate((0.41, 0.30))] + [
+      _run("mixed_float16", s, val_accuracy=a, train_loss=1.0) for s, a in
+      enumerate((0.47, 0.36))]
   other = [dataclasses.replace(r, batch_size=64) for r in runs[:1]]
   found = spread.across_seeds(runs + other, key=lambda r: r.batch_size)
   assert [(r.key, r.policy, r.seeds) for r in found] == [
-      (None, "float32", 2), (None, "mixed_bfloat16", 2), (64, "float32", 1)]
-  assert found[0].within is None and found[2].within is None
-  assert found[1].within is False  # Its second seed: 0.30 below 0.38.
-  assert [j.within for j in found[1].judged if j.metric == "val_accuracy"] == [True, False]
+      (None, "float32", 2), (None, "mixed_bfloat16", 2), (None, "mixed_float16", 2),
+      (64, "float32", 1)]
+  assert found[0].within is None and found[3].within is None
+  assert found[1].within is False and found[2].within is True
+  [judged] = [j for j in found[1].judged if j.metric == "val_accuracy"]
+  assert (judged.value, judged.within) == (pytest.approx(0.355), False)
   assert found[1].describe() == ("train_loss 1 (1..1 over 2 seeds), val_accuracy 0.355 "
                                  "(0.3..0.41 over 2 seeds)")
