@@ -132,6 +132,16 @@ def _tfds_source(cfg: Config):
   return sources[0], sources[1], list(names)
 
 
+def _prep(size: int):
+  """Resize to size x size and scale to [0, 1] (a grayscale image made RGB)."""
+  def prep(image, label, index):
+    if image.shape.rank == 3 and image.shape[-1] == 1:
+      image = tf.image.grayscale_to_rgb(image)
+    image = tf.image.resize(image, (size, size)) / 255.0
+    return tf.ensure_shape(image, (size, size, 3)), label, index
+  return prep
+
+
 def _resize_cache_count(source, cfg: Config, split: str):
   """Resizes, scales and caches one split; one pass fills the cache and finds bad files.
 
@@ -139,14 +149,7 @@ def _resize_cache_count(source, cfg: Config, split: str):
   """
   ds, paths = source
   size = cfg.image_size
-
-  def prep(image, label, index):
-    if image.shape.rank == 3 and image.shape[-1] == 1:
-      image = tf.image.grayscale_to_rgb(image)
-    image = tf.image.resize(image, (size, size)) / 255.0
-    return tf.ensure_shape(image, (size, size, 3)), label, index
-
-  ds = ds.map(prep, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+  ds = ds.map(_prep(size), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
   ds = ds.ignore_errors()  # An undecodable file drops out here; found missing below.
   if cfg.cache != "none":
     ds = ds.cache("" if cfg.cache == "memory" else f"{cfg.cache}_{split}_{size}px")
@@ -200,20 +203,45 @@ def _shard_by_data(ds: tf.data.Dataset) -> tf.data.Dataset:
   return ds.with_options(options)
 
 
-def load(cfg: Config) -> Data:
-  """Builds the train and validation pipelines for `cfg.dataset`."""
-  spec = cfg.dataset
-  if spec == "synthetic":
-    root = synthetic.generate(
+def _root(cfg: Config) -> pathlib.Path | None:
+  """The folder of a synthetic (generated here once) or folder: dataset; None: TFDS."""
+  if cfg.dataset == "synthetic":
+    return synthetic.generate(
         pathlib.Path(cfg.data_dir).expanduser() if cfg.data_dir
         else synthetic.default_root(),
         cfg.synthetic_train, cfg.synthetic_val, cfg.synthetic_px, cfg.seed)
+  if cfg.dataset.startswith("folder:"):
+    return pathlib.Path(cfg.dataset[len("folder:"):]).expanduser()
+  return None
+
+
+def first_batches(cfg: Config, n: int) -> tuple[list, list[str]]:
+  """([n training batches of (images, labels)], the class names), without the pass
+  that caches and counts a whole split (`--mode=inspect`'s numerics): the first
+  examples of a seeded shuffle of the training files (of the split's first 4096
+  examples for TFDS), decoded, resized and scaled as the run's are."""
+  root, count = _root(cfg), n * cfg.batch_size
+  if root is None:
+    (ds, _), _, classes = _tfds_source(cfg)
+    ds = ds.take(4096).shuffle(4096, seed=cfg.seed)
+  else:
+    splits, classes = _list_folder(root)
+    paths, labels = splits["train"]
+    order = tf.random.experimental.stateless_shuffle(
+        tf.range(len(paths)), seed=(cfg.seed, 0))[:count * 2].numpy()
+    ds = tf.data.Dataset.from_tensor_slices(
+        ([paths[i] for i in order], [labels[i] for i in order], order))
+    ds = ds.map(lambda p, y, i: (_decode(p), y, i))
+  ds = ds.map(_prep(cfg.image_size)).ignore_errors().map(lambda x, y, i: (x, y))
+  return list(ds.batch(cfg.batch_size, drop_remainder=True).take(n)), classes
+
+
+def load(cfg: Config) -> Data:
+  """Builds the train and validation pipelines for `cfg.dataset`."""
+  spec, root = cfg.dataset, _root(cfg)
+  if root is not None:
     train_src, val_src, classes = _folder_source(root)
-    source = f"synthetic ({root})"
-  elif spec.startswith("folder:"):
-    root = pathlib.Path(spec[len("folder:"):]).expanduser()
-    train_src, val_src, classes = _folder_source(root)
-    source = f"folder ({root})"
+    source = f"{'synthetic' if spec == 'synthetic' else 'folder'} ({root})"
   else:
     train_src, val_src, classes = _tfds_source(cfg)
     source = f"tfds {spec}"

@@ -2,7 +2,8 @@
 report per layer (mpt/measure/dtypes.py) and the memory estimate under each policy
 (mpt/train/preflight.py), its per-layer cost (mpt/train/layers.py) and, with
 --numerics (auto: on here), its per-layer numerics on two real batches of the data
-the run would train on (mpt/train/numerics.py), printed and written to a run folder
+the run would train on (drawn without caching the whole set: mpt/train/data.py
+`first_batches`; mpt/train/numerics.py), printed and written to a run folder
 (dtypes.json, memory.json, layers.json, numerics.json, TensorBoard texts).
 """
 
@@ -43,8 +44,8 @@ def inspect_only(cfg: config.Config) -> dict[str, Any]:
   keras.backend.clear_session()
   keras.utils.set_random_seed(cfg.seed)
   print(precision.describe(precision.set_policy(cfg.policy)))
-  data = data_lib.load(cfg) if numerics_lib.wanted(cfg, inspect=True) else None
-  model = build_model(cfg, len(data.class_names) if data else 10)
+  batches, classes = _batches(cfg)
+  model = build_model(cfg, len(classes) or 10)
   report = dtypes_lib.inspect_model(model, seed=cfg.seed)
   print(dtypes_lib.format_table(report))
   trainable = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
@@ -58,9 +59,8 @@ def inspect_only(cfg: config.Config) -> dict[str, Any]:
   per_layer = layers_lib.read_or_measure(cfg, model)
   if per_layer:
     print(layers_lib.format_table(per_layer, cfg.policy))
-  found = numerics_lib.before_training(
-      cfg, model, list(data.make_train().take(numerics_lib.BATCHES)),
-      steps_lib.make_loss()) if data else None
+  found = numerics_lib.before_training(cfg, model, batches, steps_lib.make_loss()) \
+      if batches else None
   if found and found.samples:
     print(records.format_table(found))
   run_dir = rundir.create(cfg, "inspect")
@@ -78,3 +78,16 @@ def inspect_only(cfg: config.Config) -> dict[str, Any]:
   return {"status": "completed", "run_dir": str(run_dir), **report, "memory": mem,
           "layer_costs": per_layer.to_dict() if per_layer else None,
           "numerics": found.to_dict() if found else None}
+
+
+def _batches(cfg: config.Config) -> tuple[list | None, list[str]]:
+  """(a few training batches for the numerics, the class names), or (None, []) where
+  --numerics is off or the data cannot be read (said: the inspection goes on)."""
+  if not numerics_lib.wanted(cfg, inspect=True):
+    return None, []
+  try:
+    return data_lib.first_batches(cfg, numerics_lib.BATCHES)
+  except (UserError, OSError, tf.errors.OpError) as e:
+    print(f"mpt: note: numerics not sampled: no batch of --dataset={cfg.dataset} "
+          f"could be read ({(str(e).splitlines() or [''])[0][:200]})", flush=True)
+    return None, []
