@@ -198,10 +198,13 @@ def _name_and_round(rows: dict[int, LayerNumerics], calls: list[observe.Call], x
   in each leaf layer (on the first batch)."""
   names = observe.unique_names(calls)
   feeds = _consumers(calls, x)
+  made_by = {id(t): id(c.layer) for c in calls for t in c.outputs}
   batch = int(keras.tree.flatten(x)[0].shape[0])
   for call in calls:
     row = rows[id(call.layer)]
     row.name = names[id(call.layer)]
     row.reduction = is_reduction(call.layer) or id(call.layer) in feeds
+    row.reads = [names[made_by[id(t)]] for t in keras.tree.flatten(call.argument)
+                 if id(t) in made_by and made_by[id(t)] != id(call.layer)]
     if call.leaf and call.argument is not None:
       row.bf16_error = bf16_error(call.layer, call.argument, BF16_EXAMPLES, batch)

@@ -107,6 +107,9 @@ class LayerNumerics:
   # Its policy is its own (Keras: a dtype= given), not the run's global one: a 16-bit
   # policy would leave it as it is.
   pinned: bool = False
+  # The layers whose outputs it reads: a layer that reads an output above 65504
+  # casts it to float16 on entry (inf) even where that layer is kept in float32.
+  reads: list[str] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -200,6 +203,7 @@ class Worst:
   reduction: bool
   keep: tuple[float, float] | None  # keep_scales of its gradients.
   pinned: bool
+  reads: tuple[str, ...] = ()
 
 
 def worst(found: Numerics) -> list[Worst]:
@@ -221,7 +225,7 @@ def worst(found: Numerics) -> list[Worst]:
         max(g.share_above(F16_MAX, scale) for g in grads) if grads else None,
         max(g.mass_below(F16_MIN_SUBNORMAL, scale) for g in grads) if grads else None,
         max(errors) if errors else None, any(r.reduction for r in seen),
-        keep_scales(grad) if grad else None, seen[0].pinned))
+        keep_scales(grad) if grad else None, seen[0].pinned, tuple(seen[0].reads)))
   return rows
 
 

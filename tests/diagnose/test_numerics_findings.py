@@ -7,6 +7,7 @@ a direct float32 computation, and the final metrics beside float32's seeds.
 import dataclasses
 import json
 import pathlib
+import re
 import sys
 
 import keras
@@ -58,9 +59,16 @@ def test_the_issues_convnet_diverges_and_the_diagnosis_names_the_layer(tiny):
   by_id = {f["id"]: f for f in diagnosis["findings"]}
   assert by_id["f16_overflow"]["severity"] == "high"
   assert by_id["f16_overflow"]["title"].startswith("boost's activations overflow")
-  assert "--layer_policy='boost=float32'" in by_id["f16_overflow"]["next_step"]
-  assert "safe under bfloat16" in by_id["f16_overflow"]["next_step"]
+  advice = by_id["f16_overflow"]["next_step"]
+  assert "safe under bfloat16" in advice
   assert "## Numerics per layer" in (run_dir / "diagnosis.md").read_text()
+  # The advice works: kept in float32, boost's output still meets float16 in the layer
+  # that reads it (a cast on entry), so that layer is kept too, and the run trains.
+  pinned = re.search(r"--layer_policy='([^']+)=float32'", advice).group(1).split("|")
+  assert pinned[0] == "boost" and "gap" in pinned and "conv" not in pinned
+  again = dataclasses.replace(cfg, layer_policy=f"{'|'.join(pinned)}=float32",
+                              logdir=f"{cfg.logdir}-kept")
+  assert helpers.train_run(again)["status"] == "completed"
 
 
 # The larger variants at smaller widths and depths: the same layers, in seconds.

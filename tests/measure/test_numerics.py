@@ -68,7 +68,10 @@ def test_the_layer_above_65504_is_named_with_the_share_numpy_finds():
   assert own["f16_overflow"].severity == "high"
   assert "big" in own["f16_overflow"].title
   assert "shrink" not in own["f16_overflow"].title and "head" not in own["f16_overflow"].title
-  assert "--layer_policy='big=float32'" in own["f16_overflow"].next_step
+  # shrink is within range but reads big's output: kept in float32, big's output would
+  # still be cast to float16 on shrink's entry, so the advice keeps shrink too.
+  assert rows["shrink"].reads == ["big"] and rows["head"].reads == ["shrink"]
+  assert "--layer_policy='big|shrink=float32'" in own["f16_overflow"].next_step
   assert [k for k, f in own.items() if f] == ["f16_overflow"]
   # A bfloat16 run of it is safe, and told what float16 would do.
   keras.mixed_precision.set_global_policy("mixed_bfloat16")

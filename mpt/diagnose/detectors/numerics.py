@@ -63,11 +63,15 @@ def f16_overflow(ev: Evidence) -> Finding | None:
               f"{r.overflow:.2%} of its outputs above {F16_MAX:g}" for r in over[:5]]
   evidence.append("bfloat16's range reaches 3.4e38: safe under bfloat16")
   when = "" if own else "under mixed_float16, "
+  # Kept in float32, an overflowing layer's output still meets float16 where the
+  # next layer casts it on entry: the layers that read one are kept too.
+  names = [r.name for r in over[:5]]
+  names += [r.name for r in rows if r.name not in names and set(r.reads) & set(names)]
   return Finding(
       "f16_overflow", "high" if own else "low", first.overflow,
       f"{when}{_named(over)}'s activations {'overflow' if own else 'would overflow'} "
       "float16", f"any output above float16's {F16_MAX:g} (it becomes inf)",
-      evidence, _keep_float32(ev, [r.name for r in over[:5]])
+      evidence, _keep_float32(ev, names)
       + "; or --policy=mixed_bfloat16 (safe under bfloat16)", ["numerics"])
 
 
