@@ -120,16 +120,11 @@ def _pass(model: keras.Model, x, y, loss: Loss | None):
   return calls, grads, None if value is None else float(value)
 
 
-def _consumers(calls: list[observe.Call], x) -> set[int]:
-  """The ids of the layers whose output a reduction reads."""
-  made_by = {id(t): id(c.layer) for c in calls for t in c.outputs}
-  found = set()
-  for call in calls:
-    if is_reduction(call.layer):
-      for t in keras.tree.flatten(call.argument):
-        if id(t) in made_by:
-          found.add(made_by[id(t)])
-  return found
+def _inputs(call: observe.Call, made_by: dict[int, int]) -> list[int]:
+  """The ids of the layers whose outputs `call` reads, once each, in order
+  (`made_by`: each output tensor's id to its layer's)."""
+  found = [made_by.get(id(t)) for t in keras.tree.flatten(call.argument)]
+  return list(dict.fromkeys(i for i in found if i not in (None, id(call.layer))))
 
 
 def _first(argument, n: int, batch: int):
@@ -194,17 +189,17 @@ def sample(model: keras.Model, batches: Iterable[tuple[Any, Any]], loss: Loss | 
 
 
 def _name_and_round(rows: dict[int, LayerNumerics], calls: list[observe.Call], x):
-  """Names the rows, marks those a reduction reads, and measures bfloat16's error
-  in each leaf layer (on the first batch)."""
+  """Names the rows, records the layers each reads and marks those a reduction
+  reads, and measures bfloat16's error in each leaf layer (on the first batch)."""
   names = observe.unique_names(calls)
-  feeds = _consumers(calls, x)
   made_by = {id(t): id(c.layer) for c in calls for t in c.outputs}
+  reads = {id(c.layer): _inputs(c, made_by) for c in calls}
+  feeds = {i for c in calls if is_reduction(c.layer) for i in reads[id(c.layer)]}
   batch = int(keras.tree.flatten(x)[0].shape[0])
   for call in calls:
     row = rows[id(call.layer)]
     row.name = names[id(call.layer)]
     row.reduction = is_reduction(call.layer) or id(call.layer) in feeds
-    row.reads = [names[made_by[id(t)]] for t in keras.tree.flatten(call.argument)
-                 if id(t) in made_by and made_by[id(t)] != id(call.layer)]
+    row.reads = [names[i] for i in reads[id(call.layer)]]
     if call.leaf and call.argument is not None:
       row.bf16_error = bf16_error(call.layer, call.argument, BF16_EXAMPLES, batch)
