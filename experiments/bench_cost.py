@@ -63,11 +63,13 @@ def measure(model: str, onednn: str, out: str) -> list[dict]:
   for policy, s in runs.items():
     pred = predicted.get(policy) / base_pred if predicted.get(policy) and base_pred else None
     meas = run_ms[policy] / base_run
-    rows.append({"model": model, "onednn": s.get("onednn"), "policy": policy,
+    onednn = (s.get("onednn_choice") or {}).get("on")  # summary.json schema 5.
+    rows.append({"model": model, "policy": policy,
+                 "onednn": None if onednn is None else "on" if onednn else "off",
                  "predicted_ms": predicted.get(policy), "run_ms": run_ms[policy],
                  "predicted_x": pred, "measured_x": meas,
                  "error": max(pred / meas, meas / pred) if pred else None,
-                 "warned": bool(s.get("slow_path_warning")),
+                 "warned": bool((s.get("policy_verdict") or {}).get("text")),
                  "cost_s": cost.get("seconds"), "batch": cost.get("batch")})
   return rows
 

@@ -34,12 +34,15 @@ def callbacks(run_dir: str, *, batch_size: int, input_shape: tuple | None = None
   folder `run_dir`; `input_shape` (one example's) only where the model cannot tell it;
   options: warmup_steps=5, log_every=10, sample_every=1.0 (None: no sampler),
   profile_steps=(A, B) (a profiler trace of global steps A..B, after the warm-up),
+  cost="auto" (after the first step, the step timed under each policy on the batch
+  fed, the model left as it was: the speed verdict rests on it; "off": not timed),
   numerics="auto" (per-layer numerics on the batches fed, after the warm-up and at
   each fit's end: "auto" under a 16-bit global policy, "on", "off"), diagnose=True
   (the diagnosis after each fit). Nothing mpt does inside the fit can
   end it: a part that fails is one line and a `not_measured` entry."""
   from mpt.train import library  # TensorFlow: only when asked.
-  opts = library.Options(batch_size, "fit", input_shape)
+  opts = library.Options(batch_size, "fit", input_shape,
+                         cost=options.pop("cost", "auto"))
   return library.make(run_dir, opts, after_run=_after_run(diagnose), **options)[0]
 
 

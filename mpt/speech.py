@@ -35,6 +35,9 @@ _RULES = (
     (r"--notf32", "tf.config.experimental.enable_tensor_float_32_execution(False)"),
     (r"--onednn=(\w+)", r"TF_ENABLE_ONEDNN_OPTS=\1 set before TensorFlow starts"),
 )
+# A per-layer plan as a script applies it: the DTypePolicyMap a run folder holds
+# (written by mpt/measure/policies.py).
+MAP_FILE = "policy_map.json"
 # Flags any run folder can be given (other modes of `python -m mpt`).
 KEPT = re.compile(r"--(mode|run)=")
 
@@ -54,3 +57,22 @@ def flags_left(text: str) -> list[str]:
   text = re.sub(r"python -m mpt(\.main)?[^`;)\n]*", "", text)
   return [m.group(0) for m in re.finditer(r"--[a-z][a-z0-9_]*=?", text)
           if not KEPT.match(text, m.start())]
+
+
+def apply_line(where) -> str:
+  """What a script does, before it builds its model, to apply the policy map at
+  `where` (a policy_map.json)."""
+  return ("keras.mixed_precision.set_global_policy(keras.saving."
+          f"deserialize_keras_object(json.load(open('{where}'))['policy_map'])) "
+          "before the model is built")
+
+
+def plan_line(where, unkeyed: list[str]) -> str:
+  """The line that says a plan was written as a policy map, how a script applies it,
+  and the layers the map cannot hold."""
+  line = f"mpt: the plan as a Keras DTypePolicyMap: {where}; a script applies it with " \
+      + apply_line(where)
+  if unkeyed:
+    line += (f"; not in it: {', '.join(unkeyed[:6])} (Keras keys a map by a layer's "
+             "path, which only layers with weights have: set dtype= on them)")
+  return line

@@ -21,6 +21,7 @@ import shlex
 from typing import Any
 
 from mpt import config
+from mpt import speech
 from mpt.diagnose import opstats
 from mpt.diagnose.gpu_evidence import GpuEvidence
 from mpt.errors import UserError
@@ -87,14 +88,20 @@ class Evidence:
     """`no_fast_path` for `policy` (the run's by default) on the run's machine."""
     return no_fast_path(self.summary.hardware, policy or self.summary.policy)
 
-  def rerun(self, policy: str) -> str:
-    """The command that trains this run again under `policy` (flags.txt replayed)."""
+  def rerun(self, policy: str, layer_policy: str = "") -> str:
+    """The command that trains this run again under `policy` (flags.txt replayed),
+    with a per-layer plan (`layer_policy`: --layer_policy's value); a script's run
+    gets the plan as the DTypePolicyMap its run folder holds (policy_map.json)."""
     folder = self.run_dir or pathlib.Path(self.summary.run_dir or ".")
+    if self.summary.script and layer_policy:  # A script's run with a per-layer plan.
+      return (f"rerun your script with {speech.apply_line(folder / speech.MAP_FILE)} "
+              f"({policy} with {layer_policy}) and a new run folder")
     if self.summary.script:  # A script's run (mpt.callbacks, mpt.track).
       return (f"rerun your script with keras.mixed_precision.set_global_policy("
               f"{policy!r}) and a new run folder")
+    plan = f" --layer_policy={shlex.quote(layer_policy)}" if layer_policy else ""
     return (f"python -m mpt.main --flagfile={shlex.quote(str(folder / 'flags.txt'))} "
-            f"--policy={policy}")
+            f"--policy={policy}{plan}")
 
   def traced_share(self, op: str) -> float | None:
     """The share of traced op time in op type `op` (a kernel-table name such as

@@ -31,6 +31,11 @@ BASES = ("sibling runs",        # a float32 run next to it / the sweep's other c
          "microbenchmark",      # --mode=microbench's matmul rates
          "flags",               # the CPU's feature flags (no measurement)
          "compute capability")  # the GPU's compute capability and TF32 switch
+# What a finding rests on when it measured nothing of this run's own step: the probe's
+# representative shapes, a plan summed from per-layer times, the flags. Within a
+# severity such a finding ranks after those that did (a guess never outranks a
+# measurement).
+PREDICTED = {"probe", "layer cost", "flags", "compute capability"}
 
 
 @dataclasses.dataclass
@@ -49,9 +54,12 @@ class Finding:
 
 
 def rank(findings: list[Finding]) -> list[Finding]:
-  """By severity; a measured loss of HIGH_LOSS or more first; then by impact."""
-  return sorted(findings, key=lambda f: (SEVERITY.index(f.severity),
-                                         (f.slowdown or 0) < HIGH_LOSS, -f.impact))
+  """By severity; a measured loss of HIGH_LOSS or more first; within a severity, a
+  finding that rests only on predictions (PREDICTED) after one that measured; then
+  by impact."""
+  return sorted(findings, key=lambda f: (
+      SEVERITY.index(f.severity), (f.slowdown or 0) < HIGH_LOSS,
+      bool(f.based_on) and set(f.based_on) <= PREDICTED, -f.impact))
 
 
 def loss_severity(loss: float | None, unmeasured: str = "high") -> str:
@@ -73,12 +81,22 @@ def measured_by(k: PolicyVerdict) -> str:
   return "step timing" if k.basis == "step cost" else "kernel probe"
 
 
+# What a verdict's ratios rest on, in words, by its evidence: this model's own step,
+# or the kernel probe's representative shapes (a guess about this model, never called
+# its own).
+RESTS_ON = {"cost": "this model's step, timed here per policy",
+            "probe": "the kernel probe's representative shapes, not this model's step "
+                     "(a guess)"}
+
+
+def rests_on(k: PolicyVerdict) -> str:
+  return RESTS_ON["cost" if k.basis == "step cost" else "probe"]
+
+
 def ratios_line(k: PolicyVerdict) -> str:
-  """Each policy's measured time over float32's for this model's ops, fastest first."""
+  """Each policy's measured time over float32's, fastest first, and what it rests on."""
   ratios = sorted(k.policy_ratios.items(), key=lambda i: i[1])
-  what = ("this model's step timed per policy before step 1" if k.basis == "step cost"
-          else "kernel probe")
-  return (f"{what} ({k.source or 'probe'}), this model's ops: "
+  return (f"{rests_on(k)} ({k.source or 'probe'}): "
           + ", ".join(f"{p} {x(r)}" for p, r in ratios) + " float32's time")
 
 

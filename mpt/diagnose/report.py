@@ -9,6 +9,8 @@ import json
 import pathlib
 from typing import Any
 
+from mpt.diagnose import findings as words
+
 
 def _pct(x) -> str:
   return "n/a" if x is None else f"{x:.1%}"
@@ -72,7 +74,7 @@ def _kernels(k: dict[str, Any]) -> str:
     return ("not measured, by the CPU flags / GPU compute capability: "
             + (k.get("text") or "no slow-path warning"))
   ratios = sorted(k["policy_ratios"].items(), key=lambda i: i[1])
-  line = (f"measured ({k.get('source') or 'probe'}): this model's ops take "
+  line = (f"{words.RESTS_ON[k['evidence']]} ({k.get('source') or 'probe'}): "
           + ", ".join(f"{p} {r:.3g}x" for p, r in ratios) + " float32's time")
   if k.get("op"):
     line += (f"; worst {k['op']}: {k.get('impl')}"

@@ -20,6 +20,7 @@ import pathlib
 from typing import Any
 
 from mpt.diagnose import evidence
+from mpt.diagnose import findings as words
 from mpt.diagnose.findings import Finding, rank
 from mpt.diagnose.thresholds import HIGH_LOSS, SLOWER_THAN_FLOAT32
 from mpt.machine.hardware import SIXTEEN
@@ -110,9 +111,8 @@ def _kernels(folder: pathlib.Path, cells: list[Cell],
 def _probe_reason(k: PolicyVerdict, policy: str) -> str:
   """Why the measurement says `policy` is slow here (or that its kernels are not)."""
   ratio = k.ratio or k.policy_ratios.get(policy)
-  what = "step timing" if k.evidence == "cost" else "kernel probe"
-  why = (f"the {what} ({k.source or 'probe'}) measured this model's ops under {policy} "
-         f"at {ratio:.3g}x float32's time")
+  why = (f"{words.rests_on(k)} ({k.source or 'probe'}): {policy} at {ratio:.3g}x "
+         "float32's time")
   if k.slow:
     kernel = (k.impl or "?") + (" (oneDNN's reference kernel)" if k.reference else "")
     why += ((f"; worst: {k.op} runs {kernel}" if k.op else "")

@@ -91,9 +91,9 @@ def _warning(policy: str, found: PolicyVerdict, step_ms, worst, dtype: str) -> s
     text = (f"{policy}: this model's step measured {ratio:.1f}x float32's time here "
             f"(~{step_ms[policy]:,.0f} vs ~{step_ms['float32']:,.0f} ms/step)")
   else:  # The table's representative shapes, not this model's: a guess.
-    text = (f"{policy}: this model's ops measured {ratio:.1f}x float32's time here "
-            "(a guess from the kernel table's representative shapes: this model's "
-            "step was not timed)")
+    text = (f"{policy}: the kernel table's representative shapes measured "
+            f"{ratio:.1f}x float32's time here (a guess about this model: its step "
+            "was not timed)")
   if worst:
     kernel = worst["impl"] + (" (oneDNN's reference kernel)" if worst["reference"]
                               else "")

@@ -22,6 +22,7 @@ import tensorflow as tf
 
 from mpt.errors import UserError
 from mpt.measure import observe
+from mpt.measure import policies
 from mpt.models.fused_bn import FusedBatchNormalization
 
 MATMUL_LAYERS = (keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.Conv3D,
@@ -85,7 +86,7 @@ def _row(call: observe.Call, global_policy: str) -> dict[str, Any]:
   return {
       "name": layer.name,
       "class": type(layer).__name__,
-      "policy": layer.dtype_policy.name,
+      "policy": policies.resolved(layer).name,
       "compute_dtype": layer.compute_dtype,
       "variable_dtype": layer.variable_dtype,
       # None: the layer returned no tensor (a structure of none), nothing to observe.
@@ -170,7 +171,7 @@ def inspect_model(model: keras.Model, batch_size: int = 2, seed: int = 0,
     return inspect_parts(model.name, observe.parts(model), batch_size, seed)
   x = _sample(model, batch_size, seed, input_shape, x)
   calls, _ = observe.layer_calls(model, x)
-  global_policy = keras.mixed_precision.global_policy().name
+  global_policy = policies.plain(keras.mixed_precision.global_policy()).name
   seen = [c for c in calls if c.leaf and not isinstance(c.layer, keras.layers.InputLayer)]
   rows = [_row(call, global_policy) for call in seen]
   grad_dtypes = _gradient_dtypes(model, x)

@@ -28,7 +28,7 @@ import numpy as np
 import tensorflow as tf
 
 from mpt.measure import observe
-from mpt.models import fused_bn
+from mpt.measure import policies
 from mpt.records.numerics import F16_MAX, LayerNumerics, Sample, Values
 
 BF16_EXAMPLES = 8
@@ -69,25 +69,11 @@ def is_reduction(layer: keras.layers.Layer) -> bool:
 @contextlib.contextmanager
 def in_float32(model: keras.Model):
   """Every layer of `model` (itself included) computing in float32 inside the block;
-  yields {id(layer): (the compute dtype it had, whether its policy is its own)}.
-
-  Keras 3.15: layers and the model made without `dtype=` under a global policy set
-  hold that one policy object, a layer made with it a policy of its own
-  (tests/measure/test_numerics.py fails if that changes); where the model shares its
-  object with none of its layers, a policy named otherwise is its own."""
-  layers = [model] + fused_bn.all_layers(model)
-  had = {id(l): l.dtype_policy for l in layers}
-  common = model.dtype_policy
-  shared = any(l.dtype_policy is common for l in layers[1:])
-  own = lambda p: p is not common if shared else p.name != common.name
-  switched = [l for l in layers if l.dtype_policy.compute_dtype in ("float16", "bfloat16")]
-  try:
-    for layer in switched:
-      layer.dtype_policy = "float32"
-    yield {i: (p.compute_dtype, own(p)) for i, p in had.items()}
-  finally:
-    for layer in switched:
-      layer.dtype_policy = had[id(layer)]
+  yields {id(layer): (the compute dtype it had, whether its policy is its own)}
+  (mpt/measure/policies.py: which layers follow the model's policy)."""
+  own = policies.follows(model)
+  with policies.switched(model, policies.to_float32) as dtypes:
+    yield {i: (dtype, not own[i]) for i, dtype in dtypes.items()}
 
 
 @contextlib.contextmanager
@@ -139,16 +125,13 @@ def _first(argument, n: int, batch: int):
 def bf16_error(layer: keras.layers.Layer, argument, n: int, batch: int) -> float | None:
   """||y_bf16 - y_f32|| / ||y_f32|| of `layer` on the first `n` examples of its
   (float32) `argument`; None where it cannot be called on that alone."""
-  had = layer.dtype_policy
   part = _first(argument, n, batch)
   try:
     exact = layer(part, training=False)
-    layer.dtype_policy = "mixed_bfloat16"
-    rounded = layer(part, training=False)
+    with policies.one_layer(layer, "mixed_bfloat16"):
+      rounded = layer(part, training=False)
   except (TypeError, ValueError, tf.errors.OpError, NotImplementedError):
     return None
-  finally:
-    layer.dtype_policy = had
   exact = np.asarray(tf.cast(observe.first_tensor(exact), tf.float64))
   rounded = np.asarray(tf.cast(observe.first_tensor(rounded), tf.float64))
   norm = float(np.linalg.norm(exact))

@@ -61,6 +61,9 @@ class Cost:
   seconds: float = 0.0  # What measuring cost, wall time, the TF import excluded.
   source: str = "measured"  # measured | cache: PATH | recorded: PATH
   schema: int = SCHEMA
+  # What each candidate ran: mpt's train step on random inputs (the command line), or
+  # a script's model on its first batch with its compiled loss or a stand-in.
+  timed: str = "mpt's train step on random inputs of the run's shape"
   # On a GPU: the kernel table from the step profiled per policy, or why there is none.
   gpu_kernels: GpuKernelTable | None = None
   gpu_kernels_note: str | None = None

@@ -3,16 +3,24 @@
 The kernel table's representative shapes (mpt/machine/kernels.py) were right about
 the direction and 2-8x wrong about the size of a model's step. Here its own compiled
 step (mpt/train/steps.py, the custom loop's, with its optimizer and loss scaling) is
-timed under each policy on random inputs of the run's shape and batch, float32 first:
-each policy's first and second call, then TIMED_STEPS. A 16-bit policy's timing stops
-early where clearly slow: after a first call over STOP times float32's (its estimate:
-that call less float32's first-call overhead), or a second call over STOP times
-float32's (its estimate: scaled as float32 warmed up). A policy whose ops the
-machine's cached kernel table measured PATHOLOGICAL times float32's is not run unless
-it is the run's own: its step is float32's by that ratio (a mixed_float16 step of the
-seed convnet takes 13-17 s on a Sapphire Rapids; the table knows). A per-layer plan
-(--layer_policy, or the one `--policy=auto` weighs) is a row of its own, and so is a
-run with XLA's step without it (XLA measured 12-29x slower on a CPU).
+timed under each policy on random inputs of the run's shape and batch (a smaller
+batch was tried: the fixed per-op cost then hides up to half of a 16-bit slowdown),
+float32 first. The model is built once; each candidate's step is traced with its
+layers switched to the candidate's policies (mpt/measure/policies.py: the graph
+keeps the dtypes it was traced with), so a script's model, which mpt cannot
+rebuild, is timed by the same `time_candidates` (mpt/train/scriptcost.py).
+
+`time_candidates` times each policy's first and second call, then TIMED_STEPS,
+interleaved. A 16-bit policy's timing stops early where clearly slow: after a first
+call over STOP times float32's (its estimate: that call less float32's first-call
+overhead), or a second call over STOP times float32's (its estimate: scaled as
+float32 warmed up), or where its next timed step would pass the budget (second calls
+and timed steps: two of float32's steps and BUDGET_S more). A policy whose ops the machine's cached kernel table
+measured PATHOLOGICAL times float32's is not run unless it is the run's own: its step
+is float32's by that ratio (a mixed_float16 step of the seed convnet takes 13-17 s on
+a Sapphire Rapids; the table knows). A per-layer plan (--layer_policy, or the one
+`--policy=auto` weighs) is a row of its own, and so is a run with XLA's step without
+it (XLA measured 12-29x slower on a CPU).
 
 This is the one timing before step 1: the warning, `--policy=auto`, the oneDNN choice
 and the diagnosis read it. On a GPU each policy's step is then profiled
@@ -31,7 +39,7 @@ import pathlib
 import statistics
 import sys
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import keras
 import tensorflow as tf
@@ -41,6 +49,7 @@ from mpt import errors
 from mpt.machine import fastpath
 from mpt.machine import isa
 from mpt.machine import kernels
+from mpt.measure import policies
 from mpt.records import cost as cost_lib
 from mpt.records.cost import Cost, PolicyCost
 from mpt.train import gpu_steps
@@ -53,47 +62,61 @@ ENV = "MPT_COST"
 STOP = 5.0       # a 16-bit call this many times float32's: timing stops there
 PATHOLOGICAL = 10.0  # a kernel table ratio at which a policy is predicted, not run
 TIMED_STEPS = 2  # steps timed after the first two calls
+# Seconds of second calls and timed steps allowed besides two of float32's steps (a
+# candidate's first call optimises its graph: it counts as its trace); a candidate
+# not done by then is estimated from the calls it made.
+BUDGET_S = 5.0
 MIN_RUN_STEPS = cost_lib.MIN_RUN_STEPS
 F32 = ("float32", "", None)  # A candidate: (policy, layer_policy, XLA where not the run's).
 Clock = Callable[[], float]
+Key = tuple  # (policy, layer_policy, jit_compile or None)
+# A candidate traced: (its step run once, returning ms; its row).
+Make = Callable[[Key], tuple[Callable[[], float], PolicyCost]]
 
 
-def _traced(key: tuple, cfg: config.Config, build: Callable[[], keras.Model],
-            batch: int, clock: Clock
-            ) -> tuple[Callable[[], float], PolicyCost, keras.Model]:
-  """The model's compiled step for a candidate `key` (policy, layer_policy's per-layer
-  plan over it, and the XLA setting where it is not the run's), traced (not yet run),
-  as a function that runs it once and returns its ms; the row, its tracing timed;
-  and the model."""
-  policy, layer_policy, jit = key
-  keras.utils.set_random_seed(cfg.seed)
-  precision.set_policy(policy)
-  start = clock()
-  model = build()
-  plan = config.layer_policies(layer_policy)
-  model_lib.apply_layer_policy(model, plan)
-  scaled = config.scales_loss(dataclasses.replace(cfg, policy=policy,
-                                                  layer_policy=layer_policy))
-  optimizer = precision.make_optimizer(policy, cfg.learning_rate, cfg.loss_scale,
-                                       scaled=scaled)
-  step = steps_lib.Steps(model, optimizer,
-                         jit_compile=cfg.jit_compile if jit is None else jit,
-                         global_batch=batch)
+def _images(cfg: config.Config, batch: int) -> tuple[tf.Tensor, tf.Tensor]:
   size = cfg.image_size
-  images = tf.random.stateless_uniform((batch, size, size, 3), (cfg.seed, 1))
-  labels = tf.zeros((batch,), tf.int64)
-  step.train_step.get_concrete_function(images, labels)
+  return (tf.random.stateless_uniform((batch, size, size, 3), (cfg.seed, 1)),
+          tf.zeros((batch,), tf.int64))
 
-  row = PolicyCost(policy, trace_s=round(clock() - start, 3), layer_policy=layer_policy,
-                   jit_compile=jit)
 
+def stepper(cfg: config.Config, model: keras.Model, batch: int, clock: Clock) -> Make:
+  """The command line's candidates over one built `model`: for a key (policy,
+  layer_policy's plan over it, the XLA setting where it is not the run's), mpt's
+  compiled train step (mpt/train/steps.py) with its own optimizer and loss scaling,
+  traced with the model's layers switched to the key's policies (the graph keeps
+  them; the model is given back as it was built)."""
+  images, labels = _images(cfg, batch)
+
+  def make(key: Key) -> tuple[Callable[[], float], PolicyCost]:
+    policy, layer_policy, jit = key
+    start = clock()
+    pairs = config.layer_policies(layer_policy)
+    with policies.switched(model, policies.uniform(policy, pairs)):
+      scaled = config.scales_loss(dataclasses.replace(cfg, policy=policy,
+                                                      layer_policy=layer_policy))
+      optimizer = precision.make_optimizer(policy, cfg.learning_rate, cfg.loss_scale,
+                                           scaled=scaled)
+      step = steps_lib.Steps(model, optimizer,
+                             jit_compile=cfg.jit_compile if jit is None else jit,
+                             global_batch=batch)
+      step.train_step.get_concrete_function(images, labels)
+    row = PolicyCost(policy, trace_s=round(clock() - start, 3),
+                     layer_policy=layer_policy, jit_compile=jit)
+    return timer(lambda: step.train_step(images, labels)["loss"], row, clock), row
+
+  return make
+
+
+def timer(run: Callable[[], Any], row: PolicyCost, clock: Clock) -> Callable[[], float]:
+  """One call of `run` timed in ms, its result read back (waits for the work); a
+  non-finite result marks `row`."""
   def timed() -> float:
     begin = clock()
-    loss = float(step.train_step(images, labels)["loss"])  # Waits for the result.
+    loss = float(run())
     row.finite = row.finite and math.isfinite(loss)
     return round((clock() - begin) * 1e3, 3)
-
-  return timed, row, model
+  return timed
 
 
 def pathological(table: dict | None, model: keras.Model) -> dict[str, float]:
@@ -134,42 +157,37 @@ def measure(cfg: config.Config, build: Callable[[], keras.Model],
             plans: tuple[tuple[str, str], ...] = (), table: dict | None = None
             ) -> Cost:
   """Times the model's step under `policies` and the per-layer `plans` ((policy,
-  layer_policy) pairs) in this process, interleaved: every candidate's first call
-  (float32's first), then every second call, then TIMED_STEPS rounds, so that the
-  machine's ups and downs fall on every candidate alike. `base`: float32's row from
-  an earlier measurement, not timed again. `table`: the machine's kernel table; a
-  policy it marks pathological is predicted from it, not run, unless it is the
-  run's own. `gpu`: profile each policy's step into the kernel table
-  (default: where TF sees a GPU)."""
+  layer_policy) pairs) in this process, over one model built once under float32
+  (`time_candidates`). `base`: float32's row from an earlier measurement, not timed
+  again. `table`: the machine's kernel table; a policy it marks pathological is
+  predicted from it, not run, unless it is the run's own. `gpu`: profile each
+  policy's step into the kernel table (default: where TF sees a GPU)."""
   batch = cost_lib.device_batch(cfg)
   onednn = keras_fit.onednn_rewrite_on()
   found = Cost(cost_lib.key_for(cfg, onednn, isa.detect()), onednn, batch)
   start = clock()
   keras.backend.clear_session()
-  order = [F32] + [(p, "", None) for p in policies if p != "float32"] + [
+  keras.utils.set_random_seed(cfg.seed)
+  # Built under a 16-bit policy, so that a layer the model pins to float32 (its
+  # softmax) stands out from those that follow the policy (mpt/measure/policies.py).
+  precision.set_policy("mixed_bfloat16")
+  order = [(p, "", None) for p in policies if p != "float32"] + [
       (*p, None)[:3] for p in plans]
-  steps, rows, skip = {}, {}, {}
-  for key in order:
-    if key == F32 and base is not None:
-      rows[key] = base
-      continue
-    if key[0] in skip and key[0] != cfg.policy:
-      rows[key] = _predicted_row(key, skip[key[0]])
-      continue
-    try:
-      steps[key], rows[key], model = _traced(key, cfg, build, batch, clock)
-      if key == F32:
-        skip = pathological(table, model)
-    except (tf.errors.OpError, ValueError, TypeError, errors.UserError) as e:
-      rows[key] = PolicyCost(key[0], stopped=_failed(e), layer_policy=key[1],
-                             jit_compile=key[2])
-  f32 = rows[F32] if rows[F32].stopped is None else None
-  times = _rounds(order, steps, rows, f32)
-  _settle(rows, times, f32, skip)
-  found.policies = [rows[k] for k in order]
+  try:
+    model = build()
+  except (tf.errors.OpError, ValueError, TypeError, errors.UserError) as e:
+    precision.set_policy("float32")
+    found.policies = [PolicyCost(k[0], stopped=_failed(e), layer_policy=k[1],
+                                 jit_compile=k[2]) for k in [F32] + order]
+    return found
+  make = stepper(cfg, model, batch, clock)
+  steps: dict = {}
+  found.policies = time_candidates([F32] + order, _remembering(make, steps),
+                                   pathological(table, model), cfg.policy, base, clock)
   if gpu if gpu is not None else tf.config.list_logical_devices("GPU"):
-    ran = {k[0]: steps[k] for k in order if k in steps and not k[1] and k[2] is None
-           and not (rows[k].stopped or "").startswith("failed")}
+    ran = {k[0]: steps[k] for k, row in zip([F32] + order, found.policies)
+           if k in steps and not k[1] and k[2] is None
+           and not (row.stopped or "").startswith("failed")}
     found.gpu_kernels, found.gpu_kernels_note = gpu_steps.kernel_table(ran)
   precision.set_policy("float32")
   keras.backend.clear_session()
@@ -177,15 +195,69 @@ def measure(cfg: config.Config, build: Callable[[], keras.Model],
   return found
 
 
-def _rounds(order: list, steps: dict, rows: dict, f32: PolicyCost | None) -> dict:
+def _remembering(make: Make, steps: dict) -> Make:
+  """`make`, keeping each candidate's step function in `steps` (the GPU profile
+  runs them again)."""
+  def made(key: Key):
+    timed, row = make(key)
+    steps[key] = timed
+    return timed, row
+  return made
+
+
+def time_candidates(order: list[Key], make: Make, skip: dict[str, float], own: str,
+                    base: PolicyCost | None = None, clock: Clock = time.perf_counter
+                    ) -> list[PolicyCost]:
+  """Each candidate's row, in `order` (float32 first), timed interleaved: every
+  candidate's first call, then every second call, then TIMED_STEPS rounds, so that
+  the machine's ups and downs fall on every candidate alike; the one timing before
+  step 1, of the command line's model and of a script's. `make(key)` traces a
+  candidate: (a function that runs its step once and returns its ms, its row).
+  `skip`: {policy: the kernel table's ratio} of the policies predicted, not run,
+  unless `own` (the run's policy). `base`: float32's row, measured earlier."""
+  rows, steps = {}, {}
+  for key in order:
+    if key == F32 and base is not None:
+      rows[key] = base
+    elif key[0] in skip and key[0] != own:
+      rows[key] = _predicted_row(key, skip[key[0]])
+    else:
+      try:
+        steps[key], rows[key] = make(key)
+      except (tf.errors.OpError, ValueError, TypeError, errors.UserError) as e:
+        rows[key] = PolicyCost(key[0], stopped=_failed(e), layer_policy=key[1],
+                               jit_compile=key[2])
+  f32 = rows[F32] if rows[F32].stopped is None else None
+  times = _rounds(order, steps, rows, f32, clock)
+  _settle(rows, times, f32, skip)
+  return [rows[k] for k in order]
+
+
+def _rounds(order: list, steps: dict, rows: dict, f32: PolicyCost | None,
+            clock: Clock) -> dict:
   """Every candidate's first call (float32's first), then every second call, then
   TIMED_STEPS rounds: {candidate: its timed ms}; a candidate stops where `_stop` or
-  a failure says (float32's failure stops them all)."""
+  a failure says (float32's failure stops them all), or where its next timed step
+  would pass the budget: the second calls and timed steps may take two of float32's
+  steps and BUDGET_S more. First and second calls are the trace's (graph
+  optimisation, kernel set-up: one each per candidate, bounded by `_stop`'s STOP x
+  float32's): a first call says little of the step (EfficientNetB0's float16 first
+  call took 12.1 s, its steps 0.46 s, on a Zen 4)."""
   times: dict = {}
   live = [k for k in order if k in steps and (f32 is not None or k == F32)]
+  spent, allowed = 0.0, math.inf
+  if F32 not in steps and rows[F32].second_ms:  # float32's row measured earlier.
+    allowed = 2 * rows[F32].second_ms + BUDGET_S * 1e3
   for phase in ["first_ms", "second_ms"] + ["timed"] * TIMED_STEPS:
     for key in list(live):
       if key not in live:  # float32 failed earlier in this round.
+        continue
+      if key != F32 and phase == "timed" and spent + (
+          times.get(key) or [rows[key].second_ms])[-1] > allowed:
+        rows[key].stopped = rows[key].stopped or (
+            f"the budget before step 1 (2 of float32's steps + {BUDGET_S:g} s of "
+            "second calls and timed steps) was spent: timing stopped there")
+        live.remove(key)
         continue
       try:
         ms = steps[key]()
@@ -193,10 +265,13 @@ def _rounds(order: list, steps: dict, rows: dict, f32: PolicyCost | None) -> dic
         rows[key].stopped = _failed(e)
         live = [] if key == F32 else [k for k in live if k != key]
         continue
+      spent += ms if phase != "first_ms" else 0.0  # Second calls and timed steps.
       if phase == "timed":
         times.setdefault(key, []).append(ms)
       else:
         setattr(rows[key], phase, ms)
+      if key == F32 and phase == "second_ms":
+        allowed = 2 * ms + BUDGET_S * 1e3
       if _stop(rows[key], f32 if key != F32 else None):
         live.remove(key)
   return times
@@ -229,6 +304,20 @@ def _failed(e: Exception) -> str:
   return f"failed: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
 
 
+def stand_in() -> tuple[bool, Cost | None, str | None]:
+  """(whether $MPT_COST stands in for the measurement, the record it names, a note
+  where it cannot be read): `none` stands in for no measurement at all."""
+  value = os.environ.get(ENV)
+  if not value or value == "none":
+    return bool(value), None, None
+  try:
+    found = cost_lib.read(pathlib.Path(value))
+  except (OSError, ValueError, TypeError) as e:
+    return True, None, f"{ENV}={value} cannot be read ({e}); nothing measured"
+  found.source = f"recorded: {value}"
+  return True, found, None
+
+
 def for_run(cfg: config.Config, build: Callable[[], keras.Model], planned_steps: int,
             fits: Callable[[], str | None] = lambda: None,
             table: Callable[[], dict | None] = lambda: None
@@ -238,16 +327,9 @@ def for_run(cfg: config.Config, build: Callable[[], keras.Model], planned_steps:
   own); `fits()` says why the step at the run's batch would not fit in memory (the
   measurement is then skipped: the run's memory preflight says the rest); `table()`:
   the machine's kernel table (a pathological policy is predicted from it)."""
-  stand_in = os.environ.get(ENV)
-  if stand_in == "none":
-    return None, None
-  if stand_in:
-    try:
-      found = cost_lib.read(pathlib.Path(stand_in))
-    except (OSError, ValueError, TypeError) as e:
-      return None, f"{ENV}={stand_in} cannot be read ({e}); nothing measured"
-    found.source = f"recorded: {stand_in}"
-    return found, None
+  standing, found, note = stand_in()
+  if standing:
+    return found, note
   want = [(p, "", None) for p in cost_lib.POLICIES] + (
       [(cfg.policy, cfg.layer_policy, None)] if cfg.layer_policy else []) + (
       # A run with XLA: its step without it too (XLA measured 12-29x slower on a CPU).

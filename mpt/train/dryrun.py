@@ -16,9 +16,12 @@ import tensorflow as tf
 from mpt import config
 from mpt import files
 from mpt import models
+from mpt import speech
 from mpt.errors import UserError
 from mpt.measure import dtypes as dtypes_lib
 from mpt.measure import memory
+from mpt.measure import policies
+from mpt.records import layers as layer_records
 from mpt.records import numerics as records
 from mpt.records import rundir
 from mpt.train import data as data_lib
@@ -70,6 +73,7 @@ def inspect_only(cfg: config.Config) -> dict[str, Any]:
   files.write_json(run_dir / "memory.json", mem)
   if per_layer:
     files.write_json(run_dir / "layers.json", per_layer.to_dict())
+    _write_plan(run_dir, model, per_layer)
   with tf.summary.create_file_writer(str(run_dir)).as_default(step=0):
     tf.summary.text("inspect/dtypes", dtypes_lib.format_table(report, markdown=True))
     if found and found.samples:
@@ -78,6 +82,19 @@ def inspect_only(cfg: config.Config) -> dict[str, Any]:
   return {"status": "completed", "run_dir": str(run_dir), **report, "memory": mem,
           "layer_costs": per_layer.to_dict() if per_layer else None,
           "numerics": found.to_dict() if found else None}
+
+
+def _write_plan(run_dir, model: keras.Model, per_layer) -> None:
+  """The plan the per-layer cost predicts fastest, as the DTypePolicyMap a script
+  applies (policy_map.json), said with the line that applies it."""
+  plan = layer_records.best_plan(per_layer)
+  if plan is None:
+    return
+  found = policies.plan_map(model, plan.policy, list(plan.by_class.items()))
+  where = policies.write_map(run_dir, found, "the plan the per-layer cost predicts "
+                             f"fastest here: {plan.policy}" + (
+                                 f" with {plan.layer_policy()}" if plan.by_class else ""))
+  print(speech.plan_line(where, found[1]))
 
 
 def _batches(cfg: config.Config) -> tuple[list | None, list[str]]:

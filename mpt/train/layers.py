@@ -49,7 +49,7 @@ def measure(cfg: config.Config, model: keras.Model) -> LayerCosts:
   return found
 
 
-def _stand_in() -> tuple[bool, LayerCosts | None]:
+def stand_in() -> tuple[bool, LayerCosts | None]:
   """(whether $MPT_LAYERS stands in, the record it names)."""
   value = os.environ.get(ENV)
   if not value:
@@ -64,7 +64,7 @@ def _stand_in() -> tuple[bool, LayerCosts | None]:
 def read_or_measure(cfg: config.Config, model: keras.Model) -> LayerCosts | None:
   """For `--mode=inspect` and `--policy=auto`: the stand-in, the cache, or measured
   now."""
-  standing, found = _stand_in()
+  standing, found = stand_in()
   if standing:
     return found
   return layers_lib.cached(key(cfg)) or measure(cfg, model)
@@ -89,7 +89,7 @@ def for_run(cfg: config.Config, model: keras.Model, cost: Cost | None,
             planned_steps: int) -> LayerCosts | None:
   """The run's per-layer cost: where it explains the run's policy measured slower
   than float32, or found cached; else None."""
-  standing, found = _stand_in()
+  standing, found = stand_in()
   if standing:
     return found
   found = layers_lib.cached(key(cfg))

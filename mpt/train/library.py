@@ -36,6 +36,7 @@ from mpt.machine import hardware
 from mpt.measure import dtypes as dtypes_lib
 from mpt.measure import instrument
 from mpt.measure import observe
+from mpt.measure import policies
 from mpt.measure import profiler
 from mpt.measure import sampler as sampler_lib
 from mpt.records import program as program_lib
@@ -46,14 +47,10 @@ from mpt.train import keras_fit
 from mpt.train import numerics as numerics_lib
 from mpt.train import precision
 from mpt.train import record
+from mpt.train import scriptcost
 from mpt.train import watch
 from mpt.train.besteffort import Guarded, Parts
 from mpt.train.callbacks import StepCounter
-
-NOT_REBUILT = ("a script's model cannot be rebuilt under another policy, so the step "
-               "was not timed per policy before step 1 (`python -m mpt.main "
-               "--model=pkg.mod:fn` does)")
-
 
 def backend_check(api: str) -> None:
   """UserError unless Keras runs on TensorFlow: mpt measures TensorFlow's step."""
@@ -71,6 +68,7 @@ class Options:
   input_shape: tuple | None = None  # One example's; None: read off the model.
   optimizer: object = None  # The loop's optimizer(s); None: the model's.
   models: tuple = ()  # mpt.track's model(s); () for fit: the model fit runs.
+  cost: str = "auto"  # auto: the step timed per policy after step 1 | off
 
   @property
   def api(self) -> str:
@@ -86,7 +84,8 @@ class RunFolder(keras.callbacks.Callback):
     super().__init__()
     self.run_dir, self.timer, self.writer, self.sampler = run_dir, timer, writer, sampler
     self.opts, self.after_run = opts, after_run
-    self.not_measured = {"cost": NOT_REBUILT}
+    self.not_measured = {}
+    self.cost, self.layer_costs = None, None  # mpt/train/scriptcost.py's.
     self.parts = Parts(self.not_measured)
     self.optimizers = watch.Optimizers()
     self.program = program_lib.Program(api=opts.api, batch_size=opts.batch_size)
@@ -112,9 +111,6 @@ class RunFolder(keras.callbacks.Callback):
                        watch.find(self.models, self.opts.optimizer), self.timer.steps)
     if first:
       self.parts.attempt("writer", self.writer.write_opening, self._opening())
-      self.verdict = self.parts.attempt("verdict", precision.check_speed,
-                                        self._policy().name, self._layer_classes(),
-                                        None, self.opts.api)
     else:
       self.timer.rewarm()
     if self.opts.loop == "fit":
@@ -145,6 +141,10 @@ class RunFolder(keras.callbacks.Callback):
     if not self.inspected:  # After the first step: the model is built, a batch seen.
       self.inspected = True
       self.parts.attempt("inspect", self._inspect)
+      self.parts.attempt("cost", scriptcost.before_training, self)
+      self.verdict = self.parts.attempt("verdict", precision.check_speed,
+                                        self.policy_name(), self._layer_classes(),
+                                        self.cost, self.opts.api)
 
   def on_epoch_end(self, epoch, logs=None):
     self.program.fits[-1].epochs_completed += 1
@@ -209,7 +209,13 @@ class RunFolder(keras.callbacks.Callback):
       self.parts.attempt("sampler", self.sampler.stop)
     self.parts.attempt("writer", self.writer.flush)
 
-  _policy = staticmethod(keras.mixed_precision.global_policy)
+  def _policy(self) -> keras.DTypePolicy:
+    """The global policy (under a DTypePolicyMap: its default; the map's entries are
+    the run's `layer_policy`)."""
+    return policies.plain(keras.mixed_precision.global_policy())
+
+  def policy_name(self) -> str:
+    return self._policy().name
 
   def _layer_classes(self) -> list[str]:
     return [c for m in self.models for c in precision.layer_classes(m)]
@@ -259,7 +265,9 @@ class RunFolder(keras.callbacks.Callback):
         wall_s=round(time.perf_counter() - self.start, 3),
         flops_share_16bit=self.report["flops_share_16bit"] if self.report else None,
         util=self.parts.attempt("sampler", self.sampler.stats) if self.sampler else None,
-        hardware=hardware.facts(), policy_verdict=self.verdict,
+        hardware=hardware.facts(), policy_verdict=self.verdict, cost=self.cost,
+        layer_costs=self.layer_costs,
+        layer_policy=policies.entries(keras.mixed_precision.global_policy()),
         not_measured=self.not_measured, **found, **record.software())
 
 
@@ -271,6 +279,8 @@ def make(run_dir: str, opts: Options, *, warmup_steps: int = 5, log_every: int =
   writing the run folder `run_dir` (created; an existing run is refused, as mpt never
   overwrites one). Argument errors raise here, before training; nothing after does."""
   backend_check(opts.api)
+  if opts.cost not in ("auto", "off"):
+    raise UserError(f"{opts.api}: cost={opts.cost!r}: auto or off")
   folder = pathlib.Path(run_dir).expanduser()
   if (folder / "summary.json").exists():
     raise FileExistsError(f"{folder} already holds a run (summary.json); give a new "

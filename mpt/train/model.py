@@ -8,13 +8,12 @@ comes from the registry (mpt/models); this module applies the run's flags to it:
 `--batchnorm`'s layers, and `--layer_policy`'s per-layer policies.
 """
 
-import re
-
 import keras
 
 from mpt import config
 from mpt import models
 from mpt.errors import UserError
+from mpt.measure import policies
 from mpt.models import fused_bn
 
 
@@ -37,7 +36,7 @@ def apply_layer_policy(model: keras.Model, pairs: list[tuple[str, str]]) -> dict
     if isinstance(layer, keras.Model):
       continue
     hits = [(pattern, policy) for pattern, policy in pairs
-            if type(layer).__name__ == pattern or re.fullmatch(pattern, layer.name)]
+            if policies.matches(layer, pattern)]
     matched.update(pattern for pattern, _ in hits)
     if hits:
       layer.dtype_policy = hits[0][1]

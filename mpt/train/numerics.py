@@ -25,6 +25,7 @@ import keras
 from mpt import config
 from mpt.measure import numerics as measure
 from mpt.measure import observe
+from mpt.measure import policies
 from mpt.records import numerics as records
 from mpt.records.numerics import Numerics
 from mpt.train import besteffort
@@ -184,7 +185,7 @@ def for_library(end, done: Callable[[], int], warmup_steps: int,
   a 16-bit global policy) asks for it. Its failures are the run's `not_measured`."""
   if when not in ("auto", "on", "off"):
     raise ValueError(f"numerics={when!r}: auto, on or off")
-  policy = keras.mixed_precision.global_policy()
+  policy = policies.plain(keras.mixed_precision.global_policy())  # A map's default.
   if when == "off" or (when == "auto" and policy.compute_dtype == "float32"):
     return []
 

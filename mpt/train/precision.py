@@ -61,7 +61,7 @@ def check_speed(policy: str, layer_classes, cost: Cost | None = None,
                            hardware.cpu_flags(), gpu_caps,
                            "" if gpu_caps else f"this CPU ({hardware.cpu_name()})",
                            cost.predicted() if cost else None)
-  found.source = (f"this model's step, {cost.source}" if found.evidence == "cost"
+  found.source = (cost.source if found.evidence == "cost"
                   else (table or {}).get("source", "CPU flags"))
   found.note = note or (table or {}).get("note")
   if note:

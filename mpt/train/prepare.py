@@ -30,12 +30,14 @@ from mpt import files
 from mpt import flagvalues
 from mpt import injection
 from mpt import models
+from mpt import speech
 from mpt import supervisor
 from mpt.errors import UserError
 from mpt.machine import gpu_table
 from mpt.machine import kernels
 from mpt.measure import dtypes as dtypes_lib
 from mpt.measure import memory
+from mpt.measure import policies
 from mpt.measure import profiler
 from mpt.measure import sampler as sampler_lib
 from mpt.records import cost as cost_records
@@ -139,6 +141,8 @@ def prepare(cfg: config.Config) -> Run:
     optimizer = precision.make_optimizer(cfg.policy, cfg.learning_rate, cfg.loss_scale,
                                          scaled=config.scales_loss(cfg))
     optimizer.build(model.trainable_variables)  # Its slots must exist to be restored.
+  if cfg.layer_policy and dist.is_chief:  # The plan in the form a script applies.
+    _write_plan(cfg, model, out_dir, choice is not None)
   verdict = precision.check_speed(cfg.policy, precision.layer_classes(model), cost)
   if choice is None and dist.is_chief and dist.workers == 1:
     per_layer = layers_lib.said(lambda: layers_lib.for_run(
@@ -160,6 +164,15 @@ def prepare(cfg: config.Config) -> Run:
              fault_window=fault_window, verdict=verdict, report=report, memory=mem,
              sampler=sampler, policy_choice=choice, cost=cost, layer_costs=per_layer,
              onednn=onednn)
+
+
+def _write_plan(cfg: config.Config, model: keras.Model, out_dir: pathlib.Path,
+                auto: bool) -> None:
+  """The run's --layer_policy as the DTypePolicyMap a script applies, said."""
+  found = policies.map_of(model, config.layer_policies(cfg.layer_policy))
+  where = policies.write_map(out_dir, found, f"--policy={cfg.policy} --layer_policy="
+                             f"{cfg.layer_policy}" + (" (--policy=auto)" if auto else ""))
+  print(speech.plan_line(where, found[1]), flush=True)
 
 
 def _start(cfg: config.Config) -> tuple[distribute.Setup, tuple[int, int] | None]:

@@ -68,7 +68,8 @@ class Tracker:
                input_shape: tuple | None = None, after_run=None, **options):
     models = tuple(model) if isinstance(model, (list, tuple)) else (model,)
     self.model = models[0]
-    opts = library.Options(batch_size, "custom", input_shape, optimizer, models)
+    opts = library.Options(batch_size, "custom", input_shape, optimizer, models,
+                           cost=options.pop("cost", "auto"))
     cbs, self.folder = library.make(run_dir, opts, after_run=after_run, **options)
     self.counter, self.timer = cbs[0], self.folder.timer
     self.callbacks = keras.callbacks.CallbackList(cbs, model=self.model)

@@ -78,7 +78,7 @@ def test_on_a_gpu_the_warning_reads_the_models_table_not_the_cpus(h200, monkeypa
   found = precision.check_speed("mixed_bfloat16", ["Conv2D", "Dense"], _cost(h200))
   out = capsys.readouterr().out
   assert out.count("WARNING:") == 1 and "Tensor Cores (conv1)" in out
-  assert found.source == "this model's step, measured"
+  assert found.source == "measured"  # The step's cost record's own source.
   assert precision.check_speed("mixed_float16", ["Conv2D"], _cost(h200)).text is None
   # A GPU without the model's table: the flags speak, still no CPU probe.
   untabled = dataclasses.replace(_cost(h200), gpu_kernels=None, policies=[])

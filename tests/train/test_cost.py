@@ -14,6 +14,7 @@ import pytest
 from mpt import config
 from mpt.machine import fastpath
 from mpt.machine import isa
+from mpt.measure import policies
 from mpt.records import cost as cost_lib
 from mpt.records.cost import Cost, PolicyCost
 from mpt.train import cost
@@ -40,7 +41,7 @@ class ScriptedCalls:
     class Counted(steps_class):
       def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        policy = keras.mixed_precision.global_policy().name
+        policy = policies.resolved(self.model).name  # The candidate's.
         real = self.train_step
 
         class Step:  # The real tf.function, its calls counted and scripted.
@@ -91,6 +92,23 @@ def test_each_policy_is_timed_float32_first_and_a_clearly_slow_one_is_cut_short(
   assert clock.calls["mixed_bfloat16"] == len(calls)  # No step ran that was not needed.
   assert found.batch == 32 and found.key["batch"] == 32
   assert found.key["model"] == "seed_convnet" and found.key["image_size"] == 16
+
+
+def test_calls_after_the_first_ones_stop_at_the_budget(monkeypatch):
+  """First calls (graph optimisation, whatever they take) aside, second calls and
+  timed steps may take two of float32's steps and BUDGET_S more: here float32's 2 s
+  steps leave 9 s; mixed_bfloat16's first call (90 s: far more than float32's, and
+  still under STOP x float32's) and second call are made, its first timed step would
+  pass the budget and is not: its second call is its estimate."""
+  clock = ScriptedCalls({"float32": [40000.0, 2000.0, 2000.0, 2000.0],
+                         "mixed_bfloat16": [90000.0, 3000.0, 3000.0, 3000.0]})
+  monkeypatch.setattr(cost.steps_lib, "Steps", clock.counting(cost.steps_lib.Steps))
+  cfg = tiny_cfg()
+  found = cost.measure(cfg, build(cfg), ["float32", "mixed_bfloat16"], clock=clock)
+  bf16 = found.of("mixed_bfloat16")
+  assert cost.BUDGET_S == 5.0 and clock.calls == {"float32": 4, "mixed_bfloat16": 2}
+  assert bf16.stopped.startswith("the budget before step 1")
+  assert bf16.second_ms == 3000.0 and bf16.ms_per_step == pytest.approx(3000.0)
 
 
 SPR_TABLE = DATA / "kernels" / "intel_spr_amx_recorded.json"

@@ -4,12 +4,15 @@ summary.json), and bad patterns refused in one line before training."""
 
 import json
 import pathlib
+import subprocess
+import sys
 
 import keras
 import pytest
 
 from mpt import config
 from mpt.errors import UserError
+from mpt.records.layers import Edge, LayerCosts, LayerRow
 from mpt.train import model as model_lib
 
 from helpers import mpt_forked, tiny_flags, train_run
@@ -77,6 +80,13 @@ def test_both_loops_train_the_plan_with_loss_scaling_for_a_float16_layer(tiny, l
   assert done["layer_policy"] == "conv1=mixed_float16,Dense=mixed_bfloat16"
   assert "--layer_policy=conv1=mixed_float16,Dense=mixed_bfloat16\n" in (
       run / "flags.txt").read_text()
+  # The plan as the DTypePolicyMap a script applies, read back by Keras.
+  plan = keras.saving.deserialize_keras_object(
+      json.loads((run / "policy_map.json").read_text())["policy_map"])
+  assert plan.default_policy.name == "float32"
+  assert {path: p.name for path, p in plan.items()} == {
+      name: {"float16": "mixed_float16", "bfloat16": "mixed_bfloat16"}[r["compute_dtype"]]
+      for name, r in rows.items() if r["compute_dtype"] != "float32"}
 
 
 @pytest.mark.parametrize("value, words", [
@@ -88,3 +98,51 @@ def test_a_bad_pattern_is_one_line_and_exit_2(tmp_path, value, words):
   errors = [l for l in proc.stderr.splitlines() if words in l]
   assert len(errors) == 1, proc.stderr[-2000:]
   assert not list((tmp_path / "logs").glob("*/summary.json"))
+
+
+APPLY = '''
+import json, sys, keras, numpy as np
+from mpt import models
+plan = json.load(open(sys.argv[1]))
+keras.mixed_precision.set_global_policy(keras.saving.deserialize_keras_object(plan["policy_map"]))
+model = models.build("seed_convnet", (16, 16, 3), 10)
+layers = [l for l in model.layers if l.name != "image"]
+outs = keras.Model(model.inputs, [l.output for l in layers])(np.ones((2, 16, 16, 3), "float32"))
+print(json.dumps({l.name: keras.backend.standardize_dtype(o.dtype) for l, o in zip(layers, outs)}))
+'''
+
+
+def test_inspects_plan_is_the_map_a_script_applies(tmp_path):
+  """The plan round trip: per-layer costs (a recorded stand-in in which the seed
+  convnet's BatchNormalization is slower in bfloat16) make --mode=inspect write its
+  plan as policy_map.json; a script loads it with keras.saving, sets it as the global
+  policy, builds the seed convnet, and its layers' outputs come in the plan's dtypes."""
+  bf16 = "mixed_bfloat16"
+  rows = [LayerRow("Conv2D", ["conv1", "conv2", "conv3"], 3, [[16, 16, 3]],
+                   {"float32": 20.0, bf16: 5.0, "mixed_float16": 90.0}),
+          LayerRow("BatchNormalization", ["bn1", "bn2", "bn3"], 3, [[8, 8, 32]],
+                   {"float32": 1.0, bf16: 4.0, "mixed_float16": 4.0})]
+  edges = [Edge(f"conv{i}", f"bn{i}", 100) for i in (1, 2, 3)]
+  casts = {f"{a}>{b}": [0.01, 0.0] for a in ("float32", "bfloat16", "float16")
+           for b in ("float32", "bfloat16", "float16") if a != b}
+  recorded = tmp_path / "layers.json"
+  recorded.write_text(json.dumps(LayerCosts({"model": "seed_convnet"}, 32, rows, edges,
+                                            casts).to_dict()))
+  proc = mpt_forked("--mode=inspect", f"--policy={bf16}", "--image_size=16",
+                    "--numerics=off", "--batchnorm=keras", f"--logdir={tmp_path}/logs",
+                    "--run_name=i",
+                    env={"MPT_LAYERS": str(recorded)})
+  assert proc.returncode == 0, proc.stderr
+  where = tmp_path / "logs" / "i" / "policy_map.json"
+  plan = json.loads(where.read_text())
+  assert plan["keras_version"] == keras.__version__ and "BatchNormalization" in plan["why"]
+  assert "a script applies it with keras.mixed_precision.set_global_policy" in proc.stdout
+  script = tmp_path / "apply.py"
+  script.write_text(APPLY)
+  done = subprocess.run([sys.executable, str(script), str(where)], capture_output=True,
+                        text=True, timeout=120, check=False)
+  assert done.returncode == 0, done.stderr[-2000:]
+  dtypes = json.loads(done.stdout.strip().splitlines()[-1])
+  assert dtypes == {"conv1": "bfloat16", "bn1": "float32", "conv2": "bfloat16",
+                    "bn2": "float32", "conv3": "bfloat16", "bn3": "float32",
+                    "gap": "bfloat16", "logits": "bfloat16", "probs": "float32"}

@@ -96,8 +96,8 @@ def _slow_evidence(ev: Evidence, k: PolicyVerdict, loss: float, by: str,
   if by == "sibling runs":
     evidence.append(words.baseline_line(ev))
   else:
-    evidence.append(f"{policy}: this model's ops measured {x(loss)} float32's time in "
-                    f"the {words.measured_by(k)}; " + words.baseline_line(ev))
+    evidence.append(f"{policy}: {x(loss)} float32's time by {words.rests_on(k)}; "
+                    + words.baseline_line(ev))
   ratios = k.policy_ratios
   evidence.append(words.ratios_line(k) + (
       f"; {fastest} is {x(ratios[policy] / ratios[fastest])} faster than {policy} "
@@ -124,9 +124,9 @@ def slow_kernel(ev: Evidence) -> Finding | None:
   return Finding(
       f"slow_kernel:{SIXTEEN[policy]}", words.loss_severity(loss), 1 - 1 / loss,
       _slow_words(k, SIXTEEN[policy])[0],
-      f"the {words.measured_by(k)} measured this model's ops >= {SLOW_KERNELS:g}x "
-      f"float32's time; high from {HIGH_LOSS:g}x measured (the float32 run next to it, "
-      f"else the probe)", _slow_evidence(ev, k, loss, by, fastest),
+      f"{words.rests_on(k)}: >= {SLOW_KERNELS:g}x float32's time; high from "
+      f"{HIGH_LOSS:g}x measured (the float32 run next to it, else the verdict)",
+      _slow_evidence(ev, k, loss, by, fastest),
       ev.rerun(fastest), based_on, loss)
 
 
@@ -177,15 +177,21 @@ def opportunity(ev: Evidence) -> Finding | None:
     evidence.append(words.baseline_line(ev))
     based_on.insert(0, "sibling runs")
   # High when the run measured >= HIGH_LOSS slower; low when the trace shows the
-  # probed ops hold too little of the step for the gain to show.
+  # probed ops hold too little of the step for the gain to show, and low whenever it
+  # rests on the probe's shapes alone: a guess never outranks a measurement.
+  guess = k.basis == "probe" and not loss
   severity = ("high" if loss and loss >= HIGH_LOSS else
-              "low" if expected < OPPORTUNITY else "medium")
+              "low" if expected < OPPORTUNITY or guess else "medium")
+  title = (f"{best} measured {x(gain)} faster than {s.policy} for this model's step "
+           "here" if k.basis == "step cost" else
+           f"{best} predicted {x(gain)} faster than {s.policy} by the kernel probe's "
+           "representative shapes (this model's step was not timed)")
   return Finding(
-      f"opportunity:{best}", severity, 1 - 1 / expected,
-      f"{best} measured {x(gain)} faster than {s.policy} for this model's ops here",
-      f"another policy's op time in the kernel probe >= {OPPORTUNITY:g}x faster than "
-      f"this run's (low when the traced share of those ops leaves less than "
-      f"{OPPORTUNITY:g}x)", evidence, ev.rerun(best), based_on, loss)
+      f"opportunity:{best}", severity, 1 - 1 / expected, title,
+      f"another policy >= {OPPORTUNITY:g}x faster than this run's by "
+      f"{words.rests_on(k)} (low when the traced share of the probed ops leaves less "
+      f"than {OPPORTUNITY:g}x, or when it rests on the probe alone)", evidence,
+      ev.rerun(best), based_on, loss)
 
 
 def tf32(ev: Evidence) -> Finding | None:

@@ -33,9 +33,8 @@ def slow_layers(ev: Evidence) -> Finding | None:
     evidence.append(f"summed per layer: {s.policy} ~{mine['total']:,.0f} ms/step "
                     f"(casts ~{mine['casts']:,.1f}), float32 ~{base['total']:,.0f}")
   plan = layers_lib.best_plan(costs)
-  step = ev.rerun(plan.policy) if plan else ev.rerun("float32")
+  step = ev.rerun(plan.policy, plan.layer_policy()) if plan else ev.rerun("float32")
   if plan and plan.by_class:
-    step += f" --layer_policy={plan.layer_policy()}"
     evidence.append(f"the per-layer costs predict --policy={plan.policy} with "
                     f"{plan.layer_policy()} at ~{plan.predicted_ms:,.0f} ms/step "
                     "(to be measured: --policy=auto times it)")

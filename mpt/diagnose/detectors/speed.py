@@ -50,8 +50,8 @@ def no_speedup(ev: Evidence) -> Finding | None:
   step = words.where_time_goes(ev)
   k = ev.verdict
   if k:
-    evidence.append(f"the {words.measured_by(k)} measured this model's ops at "
-                    f"{x(k.ratio)} float32's time under {s.policy}: the kernels do not "
+    evidence.append(f"{words.rests_on(k)}: {x(k.ratio)} float32's time under "
+                    f"{s.policy}: the kernels do not "
                     f"explain the loss, the rest of the step does (casts, per-op "
                     f"overhead, input)")
     based_on.append(k.basis)
