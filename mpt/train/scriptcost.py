@@ -190,6 +190,9 @@ def before_training(folder) -> None:
            "program's, so it is not timed per policy")
   elif folder.batch is None:
     why = "no batch was seen (the fetch is not timed here), so no step was timed"
+  elif _strategy(folder.models[0]):
+    why = (f"the model was built under {_strategy(folder.models[0])}: its variables "
+           "are the strategy's, and mpt times a model's step outside any strategy")
   if why:
     folder.not_measured["cost"] = why
     return
@@ -214,6 +217,15 @@ def before_training(folder) -> None:
         flush=True)
   folder.layer_costs = folder.parts.attempt("layer_costs", _layers, folder, model,
                                             batch[0], optimizer, own, found)
+
+
+def _strategy(model: keras.Model) -> str | None:
+  """The tf.distribute strategy `model` was built under, by class name; None for none
+  (the default strategy, which is the one outside every scope)."""
+  strategy = getattr(model, "distribute_strategy", None)
+  if strategy is None or strategy is tf.distribute.get_strategy():
+    return None
+  return type(strategy).__name__
 
 
 def _layers(folder, model: keras.Model, x, optimizer, own: str, cost: Cost):
