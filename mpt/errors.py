@@ -36,5 +36,17 @@ def stopped_by(signal_name: str | None) -> int:
   return 128 + int(signal.Signals[signal_name or "SIGINT"])
 
 
+def ended(error: BaseException | None) -> tuple[str, str | None]:
+  """(status, message) of a run that `error` ended (None: it ran to its end), in the
+  one vocabulary of summary.json: Ctrl-C or a stop signal is `interrupted`, anything
+  else `failed` with the error's type and text (the command line's run adds its own
+  endings, diverged and oom, in mpt/train/run.py)."""
+  if error is None:
+    return "completed", None
+  if isinstance(error, KeyboardInterrupt):
+    return "interrupted", "interrupted by Ctrl-C or a stop signal"
+  return "failed", f"{type(error).__name__}: {error}".strip().rstrip(":")[:2000]
+
+
 class UserError(Exception):
   """Bad input: reported as one line, never as a traceback."""

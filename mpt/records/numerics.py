@@ -15,6 +15,7 @@ This module is the record's one reader and writer, and holds float16's limits.
 """
 
 import dataclasses
+import re
 import json
 import math
 import pathlib
@@ -227,6 +228,23 @@ def worst(found: Numerics) -> list[Worst]:
         max(errors) if errors else None, any(r.reduction for r in seen),
         keep_scales(grad) if grad else None, seen[0].pinned, tuple(seen[0].reads)))
   return rows
+
+
+def overflow_keep(rows: list[Worst], most: int = 5) -> tuple[list[Worst], list[str]]:
+  """(the rows whose outputs pass float16's largest value, the layers to keep in
+  float32 for them): the first `most` of those and the layers of `rows` that read
+  them, since a layer kept in float32 still hands its output to a float16 reader that
+  casts it on entry (34a32f8: followed, that advice completed the run). The one rule
+  of the f16_overflow finding and of --policy=auto's reason to drop float16."""
+  over = [r for r in rows if r.overflow > 0]
+  names = [r.name for r in over[:most]]
+  names += [r.name for r in rows if r.name not in names and set(r.reads) & set(names)]
+  return over, names
+
+
+def layer_pattern(names: list[str]) -> str:
+  """A --layer_policy pattern that names exactly these layers."""
+  return "|".join(re.escape(n) for n in names)
 
 
 def _pct(share: float | None) -> str:

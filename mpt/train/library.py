@@ -91,7 +91,8 @@ class RunFolder(keras.callbacks.Callback):
     self.program = program_lib.Program(api=opts.api, batch_size=opts.batch_size)
     self.report, self.verdict, self.batch, self.inspected = None, None, None, False
     self.latest = None  # The last batch fed.
-    self.status = "completed"  # mpt.track: "interrupted" when the loop raised.
+    # mpt.track: how the loop ended (mpt/errors.py `ended`), and what happened.
+    self.status, self.message = "completed", None
     self.start = time.perf_counter()
 
   @property
@@ -253,7 +254,8 @@ class RunFolder(keras.callbacks.Callback):
                               "skipped_steps": self.optimizers.skipped(timer.steps)},
         default={}))
     return RunSummary(
-        status=self.status, run_dir=str(self.run_dir), api=self.opts.api,
+        status=self.status, message=self.message, run_dir=str(self.run_dir),
+        api=self.opts.api,
         program=program, policy=policy.name, loop=self.opts.loop, model=self.name,
         dataset="user", batchnorm="keras", image_size=image_size,
         batch_size=self.opts.batch_size, compute_dtype=policy.compute_dtype,

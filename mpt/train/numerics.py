@@ -161,13 +161,14 @@ def unsafe(cfg: config.Config, model: keras.Model, data) -> dict[str, str]:
   sample failed (said)."""
   found = before_training(cfg, model, list(data.train_from(0).take(BATCHES)),
                           steps_lib.make_loss())
-  over = [r for r in records.worst(found) if r.overflow > 0 and not r.pinned]
+  over, keep = records.overflow_keep([r for r in records.worst(found) if not r.pinned])
   if not over:
     return {}
   names = ", ".join(f"{r.name} ({r.out_max:.3g})" for r in over[:3])
+  pattern = records.layer_pattern(keep)
   return {"mixed_float16": f"numerics: {names} above float16's {records.F16_MAX:g} "
-                           f"(keep {'them' if len(over) > 1 else 'it'} in float32 "
-                           "with --layer_policy, or mixed_bfloat16)"}
+                           f"(--layer_policy='{pattern}=float32' keeps them and their "
+                           "readers in float32; or mixed_bfloat16)"}
 
 
 def _fit_loss(model: keras.Model, api: str) -> measure.Loss | None:

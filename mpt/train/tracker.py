@@ -20,7 +20,9 @@ Python numbers; every leaf is read back (so the time covers the device's work) a
 scalars are logged by their path (`d_loss`, `output_0`, `losses/kl`). The same
 callbacks as `mpt.callbacks` drive it (mpt/train/library.py), called the way Keras'
 `fit` calls them, best effort: mpt never ends the loop it measures. A loop that
-raises is recorded as `interrupted` up to its last step, and the error goes on; a
+raises is recorded up to its last step, as the command line records a run
+(mpt/errors.py `ended`: Ctrl-C `interrupted`, a bug in the loop `failed` with its
+error), and the error goes on; a
 loop that never called the step is said in one line, with nothing written.
 """
 
@@ -31,6 +33,7 @@ import time
 import keras
 import numpy as np
 
+from mpt import errors
 from mpt.errors import UserError
 from mpt.train import besteffort
 from mpt.train import library
@@ -135,5 +138,6 @@ class Tracker:
               "step = run.step(train_step), then call step(...)); nothing was "
               "measured, no summary.json written", file=sys.stderr, flush=True)
       return
-    self.folder.status = "completed" if kind is None else "interrupted"
+    self.folder.status, self.folder.message = errors.ended(
+        error if kind is not None else None)
     self.callbacks.on_train_end()

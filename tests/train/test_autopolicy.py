@@ -187,11 +187,16 @@ def test_float16_is_dropped_where_the_numerics_say_a_layer_would_overflow(tiny):
   data = data_lib.load(cfg)
   x = keras.Input((16, 16, 3))
   h = keras.layers.Conv2D(4, 3, activation="relu", name="conv")(x)
-  h = keras.layers.GlobalAveragePooling2D()(keras.layers.Rescaling(1e6, name="boost")(h))
+  h = keras.layers.Rescaling(1e6, name="boost")(h)
+  h = keras.layers.Rescaling(1e-6, name="shrink")(h)  # Reads boost; in range itself.
+  h = keras.layers.GlobalAveragePooling2D(name="gap")(h)
   model = keras.Model(x, keras.layers.Dense(10, activation="softmax", dtype="float32")(h))
   unsafe = numerics_lib.unsafe(cfg, model, data)
   assert list(unsafe) == ["mixed_float16"] and unsafe["mixed_float16"].startswith(
       "numerics: boost (")
+  # The f16_overflow finding's rule (34a32f8): boost's reader is kept in float32 too,
+  # or it would cast boost's float32 output to float16 (inf) on entry.
+  assert "--layer_policy='boost|shrink=float32'" in unsafe["mixed_float16"]
   assert numerics_lib.unsafe(cfg, build_model(cfg, len(data.class_names)), data) == {}
   chosen, _, choice = autopolicy.choose(
       _cost(float32=100.0, mixed_bfloat16=80.0, mixed_float16=30.0), unsafe=unsafe)

@@ -271,3 +271,42 @@ def test_a_step_may_return_any_nest():
   assert _materialised(tf.constant(0.25)) == {"loss": 0.25}
   assert _materialised([tf.constant([1.0])]) == {"output_0": 1.0}
   assert _materialised(None) == {}
+
+
+LOOP_THAT_RAISES = '''
+import keras, numpy as np, tensorflow as tf, mpt
+inputs = keras.Input((4,))
+model = keras.Model(inputs, keras.layers.Dense(2)(inputs))
+opt = keras.optimizers.SGD()
+@tf.function
+def train_step(x):
+  with tf.GradientTape() as tape:
+    loss = tf.reduce_mean(model(x) ** 2)
+  opt.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+  return loss
+run = mpt.track(RUN_DIR, model, batch_size=8, optimizer=opt, sample_every=None)
+step = run.step(train_step)
+with run:
+  for i in range(6):
+    step(np.ones((8, 4), "float32"))
+    if i == 3:
+      raise RAISED("the loop's own bug")
+'''
+
+
+@pytest.mark.parametrize("raised, status", [("ValueError", "failed"),
+                                            ("KeyboardInterrupt", "interrupted")])
+def test_a_tracked_loop_ends_in_the_command_lines_words(tmp_path, raised, status):
+  """A bug in a script's loop is `failed` with its error, as the same bug in the
+  command line's run is; Ctrl-C is `interrupted` (one vocabulary, mpt/errors.py)."""
+  run_dir = tmp_path / "loop"
+  script = tmp_path / "loop.py"
+  script.write_text(f"RUN_DIR = {str(run_dir)!r}\nRAISED = {raised}\n"
+                    + textwrap.dedent(LOOP_THAT_RAISES))
+  proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                        timeout=300)
+  assert proc.returncode != 0 and raised in proc.stderr  # The error goes on.
+  summary = summary_lib.read(run_dir / "summary.json")
+  assert (summary.status, summary.steps) == (status, 4)
+  if status == "failed":
+    assert summary.message == "ValueError: the loop's own bug"

@@ -9,7 +9,6 @@ mixed_float16, layer X's activations would overflow". A layer whose policy is it
 own (a float32 softmax under a mixed policy) is judged in the dtype it computes in.
 """
 
-import re
 
 from mpt.diagnose.evidence import Evidence
 from mpt.diagnose.findings import Finding
@@ -39,7 +38,7 @@ def _keep_float32(ev: Evidence, names: list[str]) -> str:
   if ev.summary.script:
     return (f"keep {', '.join(names)} in float32: give the layer dtype=\"float32\" "
             "(or set its dtype_policy before compile)")
-  pattern = "|".join(re.escape(n) for n in names)
+  pattern = numerics_lib.layer_pattern(names)
   return (f"keep them in float32: python -m mpt.main --flagfile="
           f"{ev.run_dir / 'flags.txt' if ev.run_dir else 'flags.txt'} "
           f"--layer_policy='{pattern}=float32'")
@@ -55,7 +54,7 @@ def f16_overflow(ev: Evidence) -> Finding | None:
   """Layers whose outputs exceed float16's largest value (65504): under float16 they
   become inf, and the loss NaN."""
   rows, own = _under(ev, "float16", _rows(ev))
-  over = [r for r in rows if r.overflow > 0]
+  over, names = numerics_lib.overflow_keep(rows)
   if not over:
     return None
   first = over[0]
@@ -63,10 +62,6 @@ def f16_overflow(ev: Evidence) -> Finding | None:
               f"{r.overflow:.2%} of its outputs above {F16_MAX:g}" for r in over[:5]]
   evidence.append("bfloat16's range reaches 3.4e38: safe under bfloat16")
   when = "" if own else "under mixed_float16, "
-  # Kept in float32, an overflowing layer's output still meets float16 where the
-  # next layer casts it on entry: the layers that read one are kept too.
-  names = [r.name for r in over[:5]]
-  names += [r.name for r in rows if r.name not in names and set(r.reads) & set(names)]
   return Finding(
       "f16_overflow", "high" if own else "low", first.overflow,
       f"{when}{_named(over)}'s activations {'overflow' if own else 'would overflow'} "
