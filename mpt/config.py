@@ -256,6 +256,17 @@ def layer_policies(spec: str) -> list[tuple[str, str]]:
   return parse_patterns(spec, "layer_policy", tuple(POLICY_DTYPE))
 
 
+def sixteen_bit(policy: str, layer_policy: str = "") -> str | None:
+  """The 16-bit policy a run computes in: its policy where that is 16-bit, else the
+  first 16-bit policy its --layer_policy gives layers (a float32 run that keeps its
+  convolutions in float16 is a 16-bit run); None where every layer is float32. The
+  one answer to "is this run 16-bit" (numerics, the detectors; loss scaling asks the
+  narrower `scales_loss`)."""
+  if policy in SIXTEEN:
+    return policy
+  return next((p for _, p in layer_policies(layer_policy) if p in SIXTEEN), None)
+
+
 def scales_loss(cfg: Any) -> bool:
   """Whether any layer of the run computes in float16 (loss scaling is then used)."""
   return cfg.policy == "mixed_float16" or any(

@@ -24,6 +24,7 @@ import pathlib
 from typing import Any
 
 from mpt.errors import UserError
+from mpt import config
 from mpt import files
 from mpt.records import typed
 from mpt.records.cost import Cost, OnednnChoice
@@ -194,6 +195,12 @@ class RunSummary:
   def microbench_gflops(self) -> float | None:
     """The microbenchmark's matmul rate here in the run's compute dtype."""
     return (self.microbench_gflops_by_dtype or {}).get(self.compute_dtype or "")
+
+  @property
+  def sixteen(self) -> str | None:
+    """The 16-bit policy the run computes in, --layer_policy included
+    (config.sixteen_bit); None: a float32 run."""
+    return config.sixteen_bit(self.policy or "", self.layer_policy or "")
 
   @property
   def script(self) -> bool:

@@ -41,9 +41,7 @@ def wanted(cfg: config.Config, inspect: bool = False) -> bool:
     return cfg.numerics == "on"
   if inspect:
     return True
-  sixteen = {p for p, d in config.POLICY_DTYPE.items() if d != "float32"}
-  return cfg.policy in sixteen or any(
-      p in sixteen for _, p in config.layer_policies(cfg.layer_policy))
+  return config.sixteen_bit(cfg.policy, cfg.layer_policy) is not None
 
 
 @dataclasses.dataclass

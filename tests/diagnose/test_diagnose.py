@@ -739,3 +739,23 @@ def test_memory_estimate_finding_fires_beyond_30_percent_only(runs):
   for total in (1290.0, 710.0):  # Within 30% either way: quiet.
     patch_summary(runs / "f32_fit", memory=_memory(total, 1000.0))
     assert "memory_estimate" not in ids(diagnose.diagnose_run(runs / "f32_fit"))
+
+
+@pytest.mark.parametrize("policy, layer_policy, sixteen", [
+    ("float32", "conv.*=mixed_bfloat16", "mixed_bfloat16"),
+    ("float32", "conv1=float32", None),
+    ("mixed_float16", "", "mixed_float16")])
+def test_a_float32_run_with_16_bit_layers_is_diagnosed_as_the_16_bit_run_it_is(
+    runs, policy, layer_policy, sixteen):
+  """One answer to "is this run 16-bit" (config.sixteen_bit): --policy=float32 with
+  convolutions kept in bfloat16 computes them in 16 bits, so the shape rules that
+  only matter there apply to it, as numerics and loss scaling already said."""
+  stats = json.loads((runs / "bf16_seed" / "op_stats.json").read_text())
+  stats["layer_time_share"]["conv1"] = 0.06  # conv1 (3 input channels) holds 6%.
+  ev = evidence(runs, "bf16_seed", op_stats=stats, policy=policy,
+                layer_policy=layer_policy)
+  assert ev.summary.sixteen == sixteen
+  found = detectors.DETECTORS["misaligned"](ev)
+  assert (found is not None) == (sixteen is not None)
+  if found:
+    assert any(e.startswith("conv1 (Conv2D, 3->32)") for e in found.evidence)

@@ -25,7 +25,7 @@ def _misaligned_step(ev: Evidence, shapes: bool, per_replica: int) -> str:
 
 def misaligned(ev: Evidence) -> Finding | None:
   s, d = ev.summary, ev.dtypes
-  if s.policy not in SIXTEEN or not d:
+  if not s.sixteen or not d:
     return None
   names = d.get("misaligned_layers", [])
   share = d.get("misaligned_flops_share", 0.0)
@@ -54,7 +54,7 @@ def misaligned(ev: Evidence) -> Finding | None:
 
 def float32_work(ev: Evidence) -> Finding | None:
   s, d, ops = ev.summary, ev.dtypes, ev.op_stats or {}
-  if s.policy not in SIXTEEN or not d:
+  if not s.sixteen or not d:
     return None
   flop_share = d.get("flops_share_32bit", 0.0)
   time_share = ops.get("float32_time_share", 0.0) + ops.get("cast_time_share", 0.0)

@@ -44,7 +44,7 @@ def no_speedup(ev: Evidence) -> Finding | None:
   measurement before step 1, a run HIGH_LOSS or more times slower gets the policy the
   evidence favours as its next step."""
   s, speedup = ev.summary, ev.speedup
-  if s.policy not in SIXTEEN or speedup is None or speedup >= SLOWER_THAN_FLOAT32:
+  if not s.sixteen or speedup is None or speedup >= SLOWER_THAN_FLOAT32:
     return None
   evidence, based_on = [words.baseline_line(ev)], ["sibling runs"]
   step = words.where_time_goes(ev)
