@@ -21,6 +21,12 @@ from mpt.records.verdict import PolicyVerdict
 
 POLICY_DTYPE = config.POLICY_DTYPE
 SLOW = 2.0  # A policy measured this many times float32's time is warned about.
+# The cut-offs of every timing before step 1 (the step's, mpt/train/cost.py; each
+# layer's, mpt/measure/layercost.py): a 16-bit call this many times float32's stops
+# its timing there, and a policy whose ops the kernel table measured PATHOLOGICAL
+# times float32's is predicted from the table, not run.
+STOP = 5.0
+PATHOLOGICAL = 10.0
 # Layer classes -> the op families their training step runs.
 LAYER_FAMILIES = {"Conv2D": "conv", "Conv1D": "conv", "Conv3D": "conv",
                   "DepthwiseConv2D": "depthwise", "SeparableConv2D": "depthwise",
@@ -60,6 +66,15 @@ def policy_ratios(table: dict[str, Any] | None, families) -> dict[str, float]:
   if not ops or not base:
     return {}
   return {p: sum(by[op, d] for op in ops) / base for p, d in POLICY_DTYPE.items()}
+
+
+def pathological(table: dict[str, Any] | None, families) -> dict[str, float]:
+  """{policy: its ops' time over float32's} for the 16-bit policies whose ops of
+  these families the kernel table measured PATHOLOGICAL times float32's (oneDNN's
+  reference float16 convolution on a Sapphire Rapids: ~100x, 13-17 s a step for the
+  seed convnet): predicted from the table, not run."""
+  ratios = policy_ratios(table, families) if table and families else {}
+  return {p: r for p, r in ratios.items() if p != "float32" and r >= PATHOLOGICAL}
 
 
 def worst_op(table: dict[str, Any], dtype: str, families) -> dict[str, Any] | None:

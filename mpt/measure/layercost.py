@@ -33,8 +33,7 @@ from mpt.records.layers import Edge, LayerCosts, LayerRow
 
 POLICIES = tuple(config.POLICY_DTYPE)
 REPEATS = 5
-STOP = 5.0
-PATHOLOGICAL = 10.0  # A kernel table ratio at which a layer is predicted, not run.
+STOP = fastpath.STOP  # The step cost's cut-offs, one rule (mpt/machine/fastpath.py).
 CAST_SIZES = (1 << 14, 1 << 22)  # Elements: a cast's fixed cost, and its rate.
 Clock = Callable[[], float]
 
@@ -146,12 +145,9 @@ def _overhead(clock: Clock) -> float:
 
 def _predicted(cls: str, table: dict | None) -> dict[str, float]:
   """{policy: ratio to float32} where the kernel table marks this class's ops
-  PATHOLOGICAL times float32's."""
+  PATHOLOGICAL times float32's (fastpath.pathological, the step cost's rule)."""
   family = fastpath.LAYER_FAMILIES.get(cls)
-  if not table or not family:
-    return {}
-  ratios = fastpath.policy_ratios(table, [family])
-  return {p: r for p, r in ratios.items() if p != "float32" and r >= PATHOLOGICAL}
+  return fastpath.pathological(table, [family] if family else [])
 
 
 def _time_row(row: LayerRow, layer, spec, batch: int, jit: bool, table, clock: Clock,

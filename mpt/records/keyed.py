@@ -2,11 +2,13 @@
 its settings: a `key` dict): one file per key under the cache root
 (~/.cache/mpt/KIND/, or $MPT_CACHE), read back only for the same key and schema. The
 step's cost (mpt/records/cost.py) and the per-layer cost (mpt/records/layers.py) are
-cached this way.
+cached this way, and `stand_in` reads the variable that stands in for either
+($MPT_COST, $MPT_LAYERS: a recorded file, or `none`).
 """
 
 import hashlib
 import json
+import os
 import pathlib
 from typing import Any, Callable, TypeVar
 
@@ -51,3 +53,19 @@ def save(kind: str, record) -> pathlib.Path:
   where.parent.mkdir(parents=True, exist_ok=True)
   files.write_json(where, {**record.to_dict(), "source": "measured"})
   return where
+
+
+def stand_in(env: str, read_one: Callable[[pathlib.Path], T]
+             ) -> tuple[bool, T | None, str | None]:
+  """(whether $`env` stands in for the measurement, the record it names, its source
+  set, or None; a note where that file cannot be read): `none` stands in for no
+  measurement at all."""
+  value = os.environ.get(env)
+  if not value or value == "none":
+    return bool(value), None, None
+  try:
+    found = read_one(pathlib.Path(value))
+  except (OSError, ValueError, TypeError) as e:
+    return True, None, f"{env}={value} cannot be read ({e}); nothing measured"
+  found.source = f"recorded: {value}"
+  return True, found, None

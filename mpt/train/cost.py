@@ -34,7 +34,6 @@ before TensorFlow is imported).
 
 import dataclasses
 import math
-import os
 import pathlib
 import statistics
 import sys
@@ -51,6 +50,7 @@ from mpt.machine import isa
 from mpt.machine import kernels
 from mpt.measure import policies
 from mpt.records import cost as cost_lib
+from mpt.records import keyed
 from mpt.records.cost import Cost, PolicyCost
 from mpt.train import gpu_steps
 from mpt.train import keras_fit
@@ -59,8 +59,8 @@ from mpt.train import precision
 from mpt.train import steps as steps_lib
 
 ENV = "MPT_COST"
-STOP = 5.0       # a 16-bit call this many times float32's: timing stops there
-PATHOLOGICAL = 10.0  # a kernel table ratio at which a policy is predicted, not run
+STOP = fastpath.STOP  # a 16-bit call this many times float32's: timing stops there
+PATHOLOGICAL = fastpath.PATHOLOGICAL  # a kernel table ratio: predicted, not run
 TIMED_STEPS = 2  # steps timed after the first two calls
 # Seconds of second calls and timed steps allowed besides two of float32's steps (a
 # candidate's first call optimises its graph: it counts as its trace); a candidate
@@ -120,15 +120,9 @@ def timer(run: Callable[[], Any], row: PolicyCost, clock: Clock) -> Callable[[],
 
 
 def pathological(table: dict | None, model: keras.Model) -> dict[str, float]:
-  """{policy: its ops' time over float32's} for the 16-bit policies whose ops this
-  machine's kernel table measured PATHOLOGICAL times float32's, for this model's layer
-  classes: predicted from the table, not timed (oneDNN's reference float16
-  convolution on a Sapphire Rapids: ~100x, 13-17 s a step for the seed convnet)."""
-  if not table:
-    return {}
-  ratios = fastpath.policy_ratios(
+  """fastpath.pathological for this model's layer classes."""
+  return fastpath.pathological(
       table, fastpath.families_of(precision.layer_classes(model)))
-  return {p: r for p, r in ratios.items() if p != "float32" and r >= PATHOLOGICAL}
 
 
 def _stop(row: PolicyCost, f32: PolicyCost | None) -> bool:
@@ -305,17 +299,8 @@ def _failed(e: Exception) -> str:
 
 
 def stand_in() -> tuple[bool, Cost | None, str | None]:
-  """(whether $MPT_COST stands in for the measurement, the record it names, a note
-  where it cannot be read): `none` stands in for no measurement at all."""
-  value = os.environ.get(ENV)
-  if not value or value == "none":
-    return bool(value), None, None
-  try:
-    found = cost_lib.read(pathlib.Path(value))
-  except (OSError, ValueError, TypeError) as e:
-    return True, None, f"{ENV}={value} cannot be read ({e}); nothing measured"
-  found.source = f"recorded: {value}"
-  return True, found, None
+  """$MPT_COST (records/keyed.py `stand_in`): a recorded cost.json, or `none`."""
+  return keyed.stand_in(ENV, cost_lib.read)
 
 
 def for_run(cfg: config.Config, build: Callable[[], keras.Model], planned_steps: int,

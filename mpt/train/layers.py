@@ -10,8 +10,6 @@ than the step cost's minimum measures nothing.
 $MPT_LAYERS stands in for the measurement: `none`, or a recorded layers.json.
 """
 
-import os
-import pathlib
 from typing import Callable
 
 import keras
@@ -23,6 +21,7 @@ from mpt.machine import kernels
 from mpt.measure import layercost
 from mpt.measure import observe
 from mpt.records import cost as cost_lib
+from mpt.records import keyed
 from mpt.records import layers as layers_lib
 from mpt.records.cost import Cost
 from mpt.records.layers import LayerCosts
@@ -50,15 +49,12 @@ def measure(cfg: config.Config, model: keras.Model) -> LayerCosts:
 
 
 def stand_in() -> tuple[bool, LayerCosts | None]:
-  """(whether $MPT_LAYERS stands in, the record it names)."""
-  value = os.environ.get(ENV)
-  if not value:
-    return False, None
-  if value == "none":
-    return True, None
-  found = layers_lib.read(pathlib.Path(value))
-  found.source = f"recorded: {value}"
-  return True, found
+  """(whether $MPT_LAYERS stands in, the record it names): records/keyed.py
+  `stand_in`; a file it cannot read is said and stands in for none."""
+  standing, found, note = keyed.stand_in(ENV, layers_lib.read)
+  if note:
+    print(f"mpt: note: {note}", flush=True)
+  return standing, found
 
 
 def read_or_measure(cfg: config.Config, model: keras.Model) -> LayerCosts | None:

@@ -62,7 +62,7 @@ def test_every_policy_is_timed_and_a_pathological_one_is_predicted_not_run(
     keras.mixed_precision.set_global_policy("float32")
   conv = next(r for r in found.rows if r.cls == "Conv2D")
   ratio = fastpath.policy_ratios(table, ["conv"])["mixed_float16"]
-  assert ratio >= layercost.PATHOLOGICAL
+  assert ratio >= fastpath.PATHOLOGICAL
   assert ("Conv2D", "mixed_float16") not in ran and ("Dense", "mixed_float16") in ran
   assert conv.ms["mixed_float16"] == pytest.approx(conv.ms["float32"] * ratio, rel=1e-3)
   assert conv.notes["mixed_float16"].startswith("predicted from the kernel table")
