@@ -10,6 +10,7 @@ import pathlib
 from typing import Any
 
 from mpt.diagnose import findings as words
+from mpt.records import cost as cost_records
 
 
 def _pct(x) -> str:
@@ -55,10 +56,11 @@ def format_figures(f: dict[str, Any]) -> list[str]:
     lines.append(f"kernels:   {_kernels(k)}")
   choice = f.get("policy_choice")
   if choice and choice.get("candidates"):
-    lines.append(f"auto:      --policy=auto chose {choice.get('chosen')}; speed vs "
-                 f"float32, timed on this model: " + ", ".join(
-                     f"{c['policy']} " + (f"{c['vs_float32']:.2f}x" if c.get("vs_float32")
-                                          else "dropped" if c.get("dropped") else "-")
+    lines.append(f"auto:      --policy=auto chose {choice.get('chosen')}; time over "
+                 f"float32's, timed on this model: " + ", ".join(
+                     f"{c['policy']} " + (cost_records.times(1 / c["vs_float32"])
+                                          if c.get("vs_float32") else
+                                          "dropped" if c.get("dropped") else "-")
                      for c in choice["candidates"]))
   if f["loss_scale"] is not None:
     lines.append(f"scaling:   loss scale {f['loss_scale']:g}, {f['skipped_steps']} "

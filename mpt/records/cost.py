@@ -128,6 +128,12 @@ class OnednnChoice:
     return f"{self.label()} ({by})"
 
 
+def times(ratio: float) -> str:
+  """A policy's time over float32's as every line before step 1 says it: "0.58x",
+  "3.7x", "231x" (one convention: above 1 is slower)."""
+  return f"{ratio:.2g}x" if ratio < 10 else f"{ratio:,.0f}x"
+
+
 def one_line(cost: Cost, onednn: str) -> str:
   """`mpt: cost here, oneDNN's rewrite ..., measured in ...: float32 ~200 ms/step,
   mixed_float16 ~740 (3.7x), ...`"""
@@ -145,9 +151,7 @@ def one_line(cost: Cost, onednn: str) -> str:
     else:
       how = (", predicted from the kernel table" if p.predicted else
              ", timing stopped early" if p.stopped else "")
-      ratio = p.ms_per_step / base if base else 0
-      parts.append(f"{name} {ms} ({ratio:.2g}x{how})" if ratio < 10 else
-                   f"{name} {ms} ({ratio:,.0f}x{how})")
+      parts.append(f"{name} {ms} ({times(p.ms_per_step / base if base else 0)}{how})")
   how = (f"measured in {cost.seconds:.1f} s at batch {cost.batch}"
          if cost.source == "measured" else cost.source)
   return f"mpt: cost here, oneDNN's rewrite {onednn}, {how}: " + ", ".join(parts)

@@ -27,6 +27,7 @@ from mpt.records.cost import Cost, PolicyCost
 from mpt.records.gpu import GpuKernelTable
 from mpt.records.layers import Plan
 from mpt.records.verdict import Candidate, PolicyChoice
+from mpt.records import cost as cost_records
 from mpt.train import cost as cost_lib
 
 CANDIDATES = tuple(POLICY_DTYPE)
@@ -121,15 +122,16 @@ def time_plan(cfg: Config, build: Callable, plan: Plan
 
 
 def format_table(choice: PolicyChoice, markdown: bool = False) -> str:
-  """The candidates as a table: ms/step, speed vs float32, first step, why dropped."""
+  """The candidates as a table: ms/step, time over float32's (the cost line's
+  convention), first step, why dropped."""
   gpu = any(r.tensor_cores is not None for r in choice.candidates)
-  head = ("| policy | ms/step | speed vs float32 | first step ms |"
+  head = ("| policy | ms/step | time vs float32 | first step ms |"
           + (" on Tensor Cores |" if gpu else "") + " note |")
   lines = [head, "|---|---|---|---|" + ("---|" if gpu else "") + "---|"] if markdown \
       else [head]
   for r in choice.candidates:
     ms = f"{r.ms_per_step:.1f}" if r.ms_per_step else "-"
-    vs = f"{r.vs_float32:.2f}x" if r.vs_float32 else "-"
+    vs = cost_records.times(1 / r.vs_float32) if r.vs_float32 else "-"
     chosen = r.policy == choice.chosen and r.layer_policy == choice.layer_policy and (
         r.dropped is None)
     note = r.dropped or ("non-finite loss" if not r.finite else
