@@ -77,9 +77,10 @@ def in_float32(model: keras.Model):
 
 
 @contextlib.contextmanager
-def state_kept(model: keras.Model):
-  """The model's non-trainable variables as they were before the block."""
-  kept = [(v, tf.identity(v.value)) for v in model.non_trainable_variables]
+def state_kept(variables):
+  """`variables` as they were before the block (the numerics' pass: the model's
+  non-trainable ones; a script's timed step, mpt/train/scriptcost.py: all of them)."""
+  kept = [(v, tf.identity(v.value)) for v in variables]
   try:
     yield
   finally:
@@ -145,7 +146,7 @@ def sample(model: keras.Model, batches: Iterable[tuple[Any, Any]], loss: Loss | 
   start = clock()
   rows: dict[int, LayerNumerics] = {}
   losses, examples, first = [], 0, None
-  with in_float32(model) as dtypes, state_kept(model):
+  with in_float32(model) as dtypes, state_kept(model.non_trainable_variables):
     for x, y in batches:
       n = int(keras.tree.flatten(x)[0].shape[0])
       x, y = _first(x, MAX_EXAMPLES, n), _first(y, MAX_EXAMPLES, n)

@@ -30,12 +30,13 @@ from typing import Callable, Iterator
 
 import keras
 
+from mpt import config
 from mpt import files
 from mpt import speech
 from mpt.models import fused_bn
 
 PolicyMap = keras.dtype_policies.DTypePolicyMap
-SIXTEEN_BIT = ("float16", "bfloat16")
+SIXTEEN_BIT = set(config.SIXTEEN.values())  # mpt/config.py: the one table.
 MAP_FILE = speech.MAP_FILE
 # A chooser: (a layer, whether it follows the model's policy) -> the policy it gets
 # inside the block, or None: it keeps its own.

@@ -32,6 +32,7 @@ from mpt import speech
 from mpt.machine import isa
 from mpt.machine import kernels
 from mpt.measure import layercost
+from mpt.measure import numerics
 from mpt.measure import observe
 from mpt.measure import policies
 from mpt.models import fused_bn
@@ -118,19 +119,11 @@ def stepper(model: keras.Model, batch: tuple, loss: Loss, optimizer, jit: bool,
   return make
 
 
-class Kept:
-  """Every variable of a model and its compiled metrics, read now and put back."""
-
-  def __init__(self, model: keras.Model):
-    seen, self.values = set(), []
-    for v in list(model.variables) + list(getattr(model, "metrics_variables", [])):
-      if id(v) not in seen:
-        seen.add(id(v))
-        self.values.append((v, tf.identity(v.value)))
-
-  def restore(self) -> None:
-    for v, value in self.values:
-      v.assign(value)
+def _state(model: keras.Model) -> list:
+  """Every variable of a model and of its compiled metrics, once each."""
+  found = {id(v): v for v in list(model.variables)
+           + list(getattr(model, "metrics_variables", []))}
+  return list(found.values())
 
 
 def measure(model: keras.Model, batch: tuple, loss: tuple[Loss, str], optimizer,
@@ -144,14 +137,12 @@ def measure(model: keras.Model, batch: tuple, loss: tuple[Loss, str], optimizer,
   found = Cost(key_for(model, batch[0], what, jit), keras_fit.onednn_rewrite_on(), n,
                timed=f"this script's model on its first batch, forward, {what}, "
                      "gradients and its optimizer's update")
-  start, kept = clock(), Kept(model)
-  try:
+  start = clock()
+  with numerics.state_kept(_state(model)):
     found.policies = timing.time_candidates(
         [(p, "", None) for p in cost_lib.POLICIES], stepper(model, batch, loss, optimizer,
                                                              jit, clock),
         timing.pathological(table, model), own, clock=clock)
-  finally:
-    kept.restore()
   found.seconds = round(clock() - start, 2)
   return found
 

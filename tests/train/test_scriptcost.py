@@ -191,3 +191,11 @@ def test_a_slower_16_bit_script_gets_its_layers_plan_as_a_policy_map(tmp_path):
   step = slow["next_step"]
   assert "policy_map.json" in step and "set_global_policy" in step
   assert "--layer_policy" not in step
+
+
+def test_a_cost_option_other_than_auto_or_off_is_refused_before_training(tmp_path):
+  import mpt  # pylint: disable=import-outside-toplevel
+  from mpt.errors import UserError  # pylint: disable=import-outside-toplevel
+  with pytest.raises(UserError, match=r"mpt.callbacks: cost='always': auto or off"):
+    mpt.callbacks(str(tmp_path / "run"), batch_size=8, cost="always")
+  assert not (tmp_path / "run").exists()  # Nothing written for a refused call.
