@@ -172,9 +172,15 @@ def key_for(cfg: Config, onednn: bool | None, cpu) -> dict[str, Any]:
   a small share of any step)."""
   return {"model": cfg.model, "model_opts": cfg.model_opts, "image_size": cfg.image_size,
           "batch": device_batch(cfg), "batchnorm": cfg.batchnorm,
-          "jit_compile": cfg.jit_compile, "cpu": cpu.name,
-          "logical_cpus": cpu.logical_cpus, "tf_version": files.tf_version(),
-          "onednn": onednn}
+          "jit_compile": cfg.jit_compile, **machine_key(onednn, cpu)}
+
+
+def machine_key(onednn: bool | None, cpu) -> dict[str, Any]:
+  """The part of every measurement's key that is the machine: the CPU, its logical
+  cores, TensorFlow and its oneDNN setting (a script's step keys on it too,
+  mpt/train/scriptcost.py)."""
+  return {"cpu": cpu.name, "logical_cpus": cpu.logical_cpus,
+          "tf_version": files.tf_version(), "onednn": onednn}
 
 
 def cache_path(key: dict[str, Any]) -> pathlib.Path:

@@ -27,7 +27,6 @@ from typing import Any, Callable
 import keras
 import tensorflow as tf
 
-from mpt import files
 from mpt import speech
 from mpt.machine import isa
 from mpt.machine import kernels
@@ -71,11 +70,9 @@ def _signature(model: keras.Model) -> str:
 
 
 def key_for(model: keras.Model, x, what: str, jit: bool) -> dict[str, Any]:
-  cpu = isa.detect()
   return {"model": f"script:{model.name}", "signature": _signature(model),
           "inputs": observe.describe_inputs(x), "loss": what, "jit_compile": jit,
-          "cpu": cpu.name, "logical_cpus": cpu.logical_cpus,
-          "tf_version": files.tf_version(), "onednn": keras_fit.onednn_rewrite_on()}
+          **cost_lib.machine_key(keras_fit.onednn_rewrite_on(), isa.detect())}
 
 
 def _fresh_optimizer(optimizer, policy: str) -> keras.optimizers.Optimizer:
