@@ -1,5 +1,5 @@
 """Is the cost predicted before step 1 right? Each model's step cost per policy as mpt
-measures it before training (mpt/train/cost.py), against separate runs per policy.
+measures it before training (mpt/train/before_step1/cost.py), against separate runs per policy.
 
   python experiments/bench_cost.py                 # seed convnet + 3 keras.applications
   python experiments/bench_cost.py --models=seed_convnet --onednn=off,on

@@ -1,6 +1,6 @@
 """Per-layer cost against the whole step: do the layers' forward and backward times
 (mpt/measure/layercost.py) add up to the step mpt times before step 1
-(mpt/train/cost.py), and is the per-layer plan they predict fastest measured faster?
+(mpt/train/before_step1/cost.py), and is the per-layer plan they predict fastest measured faster?
 
   python experiments/bench_layers.py                      # the four models below
   python experiments/bench_layers.py --models=keras:MobileNetV2:96:16 --steps=10
@@ -41,7 +41,8 @@ def _one(spec: str) -> dict:
   from mpt import config
   from mpt.machine import hardware, kernels
   from mpt.records import layers as records
-  from mpt.train import cost, layers, model as model_lib
+  from mpt.train.before_step1 import cost, layers
+  from mpt.train.common import model as model_lib
 
   name, size, batch = spec.rsplit(":", 2)
   cfg = config.Config(model=name, image_size=int(size), batch_size=int(batch))

@@ -22,10 +22,10 @@ from mpt.diagnose.evidence import Evidence
 from mpt.measure import numerics
 from mpt.records import numerics as records
 from mpt.records.summary import RunSummary
-from mpt.train import data as data_lib
-from mpt.train import precision
-from mpt.train import steps as steps_lib
-from mpt.train.model import build_model
+from mpt.train.cli import data as data_lib
+from mpt.train.common import precision
+from mpt.train.common import steps as steps_lib
+from mpt.train.common.model import build_model
 
 flags.DEFINE_list("models", models.names(), "Registered variants.")
 flags.DEFINE_list("policies", ["float32", "mixed_float16"], "Policies trained under.")

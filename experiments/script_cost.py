@@ -2,7 +2,7 @@
 script under float32 and under mixed_bfloat16 (each run its own child process, the
 runs interleaved), through `model.fit(..., callbacks=mpt.callbacks(...))` and through
 a tf.function loop under `mpt.track`. Each run times its own step per policy after
-step 1 (mpt/train/scriptcost.py); this script sets the predicted mixed_bfloat16 /
+step 1 (mpt/train/before_step1/scriptcost.py); this script sets the predicted mixed_bfloat16 /
 float32 ratio beside the ratio the two runs measured (mpt's own ms/step: the median
 after warm-up), and says what each run's first finding advised.
 

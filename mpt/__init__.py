@@ -8,8 +8,8 @@ model (Functional, Sequential or subclassed), on Keras' TensorFlow backend:
             callbacks=mpt.callbacks("logs/my_run", batch_size=32))
 
 writes the same run folder (TensorBoard tags, dtypes.json, summary.json) and prints the
-same diagnosis at the end of each fit (mpt/train/library.py); one list serves any
-number of fits. In your own loop, `mpt.track` (mpt/train/tracker.py):
+same diagnosis at the end of each fit (mpt/train/script/library.py); one list serves any
+number of fits. In your own loop, `mpt.track` (mpt/train/script/tracker.py):
 
   run = mpt.track("logs/my_loop", model, batch_size=32, optimizer=opt)
   step = run.step(train_step)
@@ -25,7 +25,7 @@ def _after_run(diagnose: bool):
   if not diagnose:
     return None
   from mpt.diagnose import diagnosis  # A wing: only when asked.
-  return diagnosis.report_of  # Its failure is recorded (mpt/train/ending.py).
+  return diagnosis.report_of  # Its failure is recorded (mpt/train/common/ending.py).
 
 
 def callbacks(run_dir: str, *, batch_size: int, input_shape: tuple | None = None,
@@ -40,7 +40,7 @@ def callbacks(run_dir: str, *, batch_size: int, input_shape: tuple | None = None
   each fit's end: "auto" under a 16-bit global policy, "on", "off"), diagnose=True
   (the diagnosis after each fit). Nothing mpt does inside the fit can
   end it: a part that fails is one line and a `not_measured` entry."""
-  from mpt.train import library  # TensorFlow: only when asked.
+  from mpt.train.script import library  # TensorFlow: only when asked.
   opts = library.Options(batch_size, "fit", input_shape,
                          cost=options.pop("cost", "auto"))
   return library.make(run_dir, opts, after_run=_after_run(diagnose), **options)[0]
@@ -48,13 +48,13 @@ def callbacks(run_dir: str, *, batch_size: int, input_shape: tuple | None = None
 
 def track(run_dir: str, model, *, batch_size: int, optimizer=None,
           input_shape: tuple | None = None, diagnose: bool = True, **options):
-  """mpt around your own training loop (mpt/train/tracker.py): `run.step(fn)` wraps
+  """mpt around your own training loop (mpt/train/script/tracker.py): `run.step(fn)` wraps
   the step (it may return any nest of tensors and numbers), `run.batches(data)` times
   the fetch, `run.end_epoch(logs)` ends an epoch, `with run:` opens and closes the run
   folder. `model`: one, or a tuple of models trained together (a GAN's two);
   `optimizer`: the loop's, one or a tuple (each one's loss scale and skipped steps
   are tracked); options as for `callbacks`."""
-  from mpt.train import tracker
+  from mpt.train.script import tracker
   return tracker.Tracker(run_dir, model, batch_size=batch_size, optimizer=optimizer,
                          input_shape=input_shape, after_run=_after_run(diagnose),
                          **options)

@@ -40,7 +40,7 @@ def ended(error: BaseException | None) -> tuple[str, str | None]:
   """(status, message) of a run that `error` ended (None: it ran to its end), in the
   one vocabulary of summary.json: Ctrl-C or a stop signal is `interrupted`, anything
   else `failed` with the error's type and text (the command line's run adds its own
-  endings, diverged and oom, in mpt/train/run.py)."""
+  endings, diverged and oom, in mpt/train/cli/run.py)."""
   if error is None:
     return "completed", None
   if isinstance(error, KeyboardInterrupt):

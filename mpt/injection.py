@@ -1,7 +1,7 @@
 """Fault injection for sweeps: `MPT_INJECT_FAULT=KIND:N[/POLICY],...` ends each run of
 batch size N (under POLICY only, if given) the way a sweep cell can end badly, right
 before its first step, so that the sweep's handling of every ending can be tested and
-shown: `oom`, `kill`, `fail`, `segv`. Like `--fault_factor` for one run (mpt/train/guards.py), it is
+shown: `oom`, `kill`, `fail`, `segv`. Like `--fault_factor` for one run (mpt/train/cli/guards.py), it is
 documented in docs/usage.md; unset, it costs nothing.
 
 And kills at a chosen moment of a run, for resume to be tested where random kills

@@ -42,13 +42,13 @@ def _train(cfg, opts):
   # Under the supervisor its reader filters this process's stderr: no second filter.
   console.import_tensorflow(parent_filters=supervisor.supervised())
   from mpt.diagnose import diagnosis
-  from mpt.train import run
+  from mpt.train.cli import run
   return run.train_and_evaluate(cfg, after_run=diagnosis.after_run)
 
 
 def _inspect(cfg, opts):
   console.import_tensorflow()
-  from mpt.train import dryrun
+  from mpt.train.cli import dryrun
   return dryrun.inspect_only(cfg)
 
 
@@ -171,7 +171,7 @@ def main(argv: list[str], supervise: bool = False) -> int:
             f" drop --{', --'.join(extra)}", file=sys.stderr)
       return 2
   if supervise and FLAGS.mode == "train" and not supervisor.supervised():
-    from mpt.train import onednn_choice  # Imports no TensorFlow: the child will.
+    from mpt.train.before_step1 import onednn_choice  # Imports no TensorFlow: the child will.
     try:
       config.validate(cfg)  # Before any child (the oneDNN choice's, the run's) starts.
       child_env = onednn_choice.for_child(cfg)

@@ -9,8 +9,8 @@ The suite reads no fact of the host it could get wrong on another machine:
   `gpu` run children that see the host's GPUs, and are skipped where there are none.
 - mpt's cache (`MPT_CACHE`: generated data, microbenchmark results) is a folder of
   this session, never the user's ~/.cache/mpt.
-- The step's cost per policy (mpt/train/cost.py) is not measured (`MPT_COST=none`),
-  nor each layer's (`MPT_LAYERS=none`, mpt/train/layers.py), so
+- The step's cost per policy (mpt/train/before_step1/cost.py) is not measured (`MPT_COST=none`),
+  nor each layer's (`MPT_LAYERS=none`, mpt/train/before_step1/layers.py), so
   the kernel table decides as on a machine where it cannot run; tests of the
   measurement set their own stand-in or run it on tiny models.
 - The kernel's OOM-kill counters are a file of this session (`MPT_OOM_KILLS`), which
@@ -46,7 +46,7 @@ for leak in ("MPT_INJECT_FAULT", "TF_CONFIG", "MPT_CPUINFO", "MPT_CACHE",
              "MPT_ONEDNN_CHOICE", "MPT_GOLDEN"):
   os.environ.pop(leak, None)  # A user's setting must not steer the tests.
 os.environ["MPT_COST"] = "none"
-os.environ["MPT_LAYERS"] = "none"  # Nor each layer's (mpt/train/layers.py).
+os.environ["MPT_LAYERS"] = "none"  # Nor each layer's (mpt/train/before_step1/layers.py).
 # Room for every run of the suite (the largest, batch 1024 at 32 px, estimates under
 # 2 GiB), whatever the host has free.
 os.environ["MPT_AVAILABLE_MB"] = str(64 * 1024)

@@ -55,7 +55,7 @@ TINY_FLAGS = ["--image_size=16", "--batch_size=4", "--synthetic_train=20",
 
 
 # An inspection report as --mode=inspect records it, for the memory estimate's tests
-# (tests/measure/test_memory.py, tests/train/test_preflight.py). Under mixed_bfloat16:
+# (tests/measure/test_memory.py, tests/train/before_step1/test_preflight.py). Under mixed_bfloat16:
 # 100 bfloat16 outputs, then 10 forced to float32.
 SMALL_REPORT = {
     "params": 1000, "input_shape": [8, 8, 3], "policy": "mixed_bfloat16",
@@ -136,7 +136,7 @@ def mpt(*args: str, timeout: float = 300, **kwargs) -> subprocess.CompletedProce
 _FORKSERVER = None  # This pytest process's, started at the first forked run.
 # What the fork server imports once, so that a run forked from it starts at mpt's
 # first line of work instead of after TensorFlow's 6 s import.
-PRELOAD = ["tensorflow", "keras", "mpt.main", "mpt.train.run", "mpt.diagnose.diagnosis"]
+PRELOAD = ["tensorflow", "keras", "mpt.main", "mpt.train.cli.run", "mpt.diagnose.diagnosis"]
 
 
 def _forked_main(argv: list[str], env: dict[str, str], out: str, err: str) -> None:
@@ -261,7 +261,7 @@ def train_run(cfg):
   """One training run in this process as `python -m mpt.main` runs it (mpt/main.py):
   training, then the diagnosis of its folder as the after-run step."""
   from mpt.diagnose import diagnosis
-  from mpt.train import run
+  from mpt.train.cli import run
   return run.train_and_evaluate(cfg, after_run=diagnosis.after_run)
 
 

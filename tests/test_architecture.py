@@ -14,7 +14,12 @@ floor or below, never above, and no two packages import each other:
   5  supervisor                           (child processes, OOM kills)
   6  injection                            (fault injection, for tests)
 
-Fails on: a wing importing another wing; the ground floor importing a wing or main, or
+The train wing is four rooms (TRAIN_ROOMS), each importing only rooms on a lower
+floor: common (what every run is made of), before_step1 (measure, then choose), then
+cli (the command line's run) and script (a user's own program), which never import
+each other, so that `mpt.callbacks` loads none of the command line's machinery.
+
+Fails on: a wing importing another wing; a train room importing a room not below it; the ground floor importing a wing or main, or
 a floor above its own; two packages importing each other; anything importing main; a
 third-party internal (a private attribute or keyword, a module path with a `_`
 component, TF/Keras/xprof modules listed in PRIVATE_MODULES, `compat.v1`) used outside
@@ -45,7 +50,8 @@ GROUND_FLOORS = (("errors", "files", "flagvalues", "console", "speech", "modelna
                  ("models", "records"), ("measure", "machine"), ("supervisor",),
                  ("injection",))
 GROUND = {part for floor in GROUND_FLOORS for part in floor}
-KERAS_FIT = "mpt.train.keras_fit"
+KERAS_FIT = "mpt.train.common.keras_fit"
+TRAIN_ROOMS = {"common": 1, "before_step1": 2, "cli": 3, "script": 3}  # Their floors.
 # Private names that are public API by convention (documented in the standard library).
 ALLOWED_PRIVATE = {("os", "_exit")}
 # Internal modules without a `_` in their path.
@@ -66,7 +72,7 @@ INTERNALS = {
                       "xprof.convert.raw_to_tool_data.xspace_to_tool_data"),
     # TF 2 reads an event file record by record only through this legacy reader.
     "tf.compat.v1.train.summary_iterator": (
-        "mpt.train.checkpoint", "TF 2.21", "tensorflow.compat.v1.train.summary_iterator"),
+        "mpt.train.cli.checkpoint", "TF 2.21", "tensorflow.compat.v1.train.summary_iterator"),
     # The fused kernel's one Python entry that returns the batch statistics.
     "tf.compat.v1.nn.fused_batch_norm": (
         "mpt.models.fused_bn", "TF 2.21", "tensorflow.compat.v1.nn.fused_batch_norm"),
@@ -279,6 +285,42 @@ def test_no_two_packages_import_each_other():
   assert not upward_edges(graph()), upward_edges(graph())
 
 
+def _room(module: str) -> str | None:
+  parts = module.split(".")
+  return parts[2] if len(parts) > 2 and parts[1] == "train" else None
+
+
+def room_faults(edges) -> list[str]:
+  """Imports between the train wing's rooms that do not go down a floor."""
+  return [f"{source} -> {target} ({_room(source)} to {_room(target)})"
+          for source, targets in edges.items() for target in targets
+          if _room(source) and _room(target) and _room(source) != _room(target)
+          and TRAIN_ROOMS.get(_room(target), 9) >= TRAIN_ROOMS.get(_room(source), 0)]
+
+
+def test_every_train_module_lives_in_a_room_and_imports_only_rooms_below():
+  edges = graph()
+  homeless = [m for m in edges if m.startswith("mpt.train.")
+              and _room(m) not in TRAIN_ROOMS]
+  assert not homeless, f"train modules outside a room {sorted(TRAIN_ROOMS)}: {homeless}"
+  assert not room_faults(edges), "\n".join(room_faults(edges))
+
+
+def test_the_room_check_sees_an_upward_import_and_the_two_top_rooms(tmp_path):
+  for room in TRAIN_ROOMS:
+    (tmp_path / "train" / room).mkdir(parents=True)
+  (tmp_path / "train" / "common" / "steps.py").write_text(
+      "from mpt.train.before_step1 import cost\n")
+  (tmp_path / "train" / "before_step1" / "cost.py").write_text(
+      "from mpt.train.common import steps\n")
+  (tmp_path / "train" / "script" / "library.py").write_text(
+      "from mpt.train.cli import record\nfrom mpt.train.common import steps\n")
+  (tmp_path / "train" / "cli" / "record.py").write_text("")
+  assert room_faults(graph(tmp_path)) == [
+      "mpt.train.common.steps -> mpt.train.before_step1.cost (common to before_step1)",
+      "mpt.train.script.library -> mpt.train.cli.record (script to cli)"]
+
+
 def test_the_floor_checks_see_an_upward_import_and_a_circle(tmp_path):
   (tmp_path / "machine").mkdir()
   (tmp_path / "records").mkdir()
@@ -369,8 +411,8 @@ def test_help_and_flag_errors_import_no_tensorflow(argv):
 
 def test_the_graph_walk_finds_known_edges():
   edges = graph()
-  assert "mpt.train.keras_fit" in edges["mpt.train.loops"]
-  assert edges["mpt.main"]["mpt.train.run"] is True  # Lazy: imported when it runs.
+  assert "mpt.train.common.keras_fit" in edges["mpt.train.cli.loops"]
+  assert edges["mpt.main"]["mpt.train.cli.run"] is True  # Lazy: imported when it runs.
   assert edges["mpt.main"]["mpt.config"] is False
 
 
@@ -410,10 +452,12 @@ def upward_edges(edges) -> list[str]:
           for b in sorted(targets) if floors[b] >= floors[a]]
 
 
-def _package_lines(package: pathlib.Path) -> dict[str, int]:
+def _package_lines(package: pathlib.Path, part=_part) -> dict[str, int]:
+  """{part: its modules' lines} (all lines; `part(module)` None: not counted)."""
   lines = {}
   for name, path in _modules(package).items():
-    lines[_part(name)] = lines.get(_part(name), 0) + len(path.read_text().splitlines())
+    if part(name) is not None:
+      lines[part(name)] = lines.get(part(name), 0) + len(path.read_text().splitlines())
   return lines
 
 
@@ -430,6 +474,12 @@ def report(package: pathlib.Path) -> str:
   sizes = _package_lines(package)
   lines.append(f"lines per package ({sum(sizes.values())} in all): " + ", ".join(
       f"{name} {n}" for name, n in sorted(sizes.items(), key=lambda i: (-i[1], i[0]))))
+  rooms = _package_lines(package, _room)
+  lines.append("lines per train room: " + (", ".join(
+      f"{name} {n}" for name, n in sorted(rooms.items(), key=lambda i: (-i[1], i[0])))
+      or "none"))
+  lines.append(f"train room imports not going down ({len(room_faults(edges))}): "
+               + ("; ".join(room_faults(edges)) or "none"))
   floors = package_floors(edges)
   lines.append("package floors, top down:")
   for level in sorted(set(floors.values()), reverse=True):

@@ -140,7 +140,7 @@ def diagnose_folders(paths: list[pathlib.Path]) -> dict[str, Any]:
 def report_of(folder: pathlib.Path) -> str:
   """The diagnosis of a run folder, printed and written, as Markdown (for the run's
   TensorBoard text); raises what failed (a script's run records it as not measured,
-  mpt/train/ending.py)."""
+  mpt/train/common/ending.py)."""
   return report.format_report(diagnose_folder(folder), markdown=True)
 
 

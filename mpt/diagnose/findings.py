@@ -15,7 +15,7 @@ SEVERITY = ("high", "medium", "low")
 # What a finding rests on (`Finding.based_on`), most direct first.
 BASES = ("sibling runs",        # a float32 run next to it / the sweep's other cells
          "step cost",           # the model's step timed per policy before step 1
-                                # (summary.json cost, mpt/train/cost.py)
+                                # (summary.json cost, mpt/train/before_step1/cost.py)
          "layer cost",          # each layer timed per policy before step 1
                                 # (summary.json layer_costs, mpt/measure/layercost.py)
          "probe",               # the kernel probe's measured table (the policy verdict)

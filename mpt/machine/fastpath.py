@@ -21,7 +21,7 @@ from mpt.records.verdict import PolicyVerdict
 
 POLICY_DTYPE = config.POLICY_DTYPE
 SLOW = 2.0  # A policy measured this many times float32's time is warned about.
-# The cut-offs of every timing before step 1 (the step's, mpt/train/cost.py; each
+# The cut-offs of every timing before step 1 (the step's, mpt/train/before_step1/cost.py; each
 # layer's, mpt/measure/layercost.py): a 16-bit call this many times float32's stops
 # its timing there, and a policy whose ops the kernel table measured PATHOLOGICAL
 # times float32's is predicted from the table, not run.
@@ -127,7 +127,7 @@ def verdict(policy: str, table: dict[str, Any] | None, families, flags: set[str]
   (mpt/records/verdict.py).
 
   `step_ms`: this model's step timed per policy before step 1 (predicted ms/step,
-  mpt/train/cost.py), which outranks the kernel table's representative shapes; the
+  mpt/train/before_step1/cost.py), which outranks the kernel table's representative shapes; the
   table then only names the worst op's kernel. Without either (or on a GPU, where the
   table measures nothing), the flags decide."""
   by_flags = hardware.fast_path(policy, flags, gpu_caps, cpu_name)

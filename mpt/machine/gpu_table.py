@@ -6,7 +6,7 @@ and the time over float32's (records: mpt/records/gpu.py `GpuKernelTable`).
 
 The CPU's table (mpt/machine/kernels.py) times representative shapes under oneDNN's
 log; a GPU's kernels depend on the model's shapes (channels that are multiples of 8,
-the first convolution's 3 input channels), so mpt/train/cost.py profiles the model's
+the first convolution's 3 input channels), so mpt/train/before_step1/cost.py profiles the model's
 own step under each policy and builds this table from the captures. fastpath.py reads
 both tables alike (`GpuKernelTable.as_table`).
 """

@@ -74,7 +74,7 @@ def fast_path(policy: str, flags: set[str], gpu_caps: list[tuple[int, int]],
 
 # TF 2.21's rule for its oneDNN rewrite on Linux x86 when TF_ENABLE_ONEDNN_OPTS is
 # unset (DefaultOneDnnPolicy in tensorflow/core/util/port.cc): CPUs with these features.
-# tests/train/test_keras_fit.py checks it against TF's own answer on the host.
+# tests/train/common/test_keras_fit.py checks it against TF's own answer on the host.
 ONEDNN_DEFAULT_FLAGS = ("avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8",
                         "amx_bf16")
 

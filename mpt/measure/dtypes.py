@@ -10,7 +10,7 @@ share of forward FLOPs run in 16-bit and in 32-bit, the layers that run in float
 why, and the dtypes of the gradients (they must be the float32 of the variables).
 
 Used after every training run (dtypes.json, TensorBoard text `inspect/dtypes`) and
-without training by `python -m mpt.main --mode=inspect` (mpt/train/run.py).
+without training by `python -m mpt.main --mode=inspect` (mpt/train/cli/run.py).
 """
 
 import math

@@ -1,11 +1,11 @@
 """Measurement callbacks shared by both loops: step timing and TensorBoard scalars.
 
 Both are plain Keras callbacks: `fit` calls them itself, and the custom loop calls them
-through a `CallbackList` in the same order (mpt/train/loops.py). Keras materialises a batch's
+through a `CallbackList` in the same order (mpt/train/cli/loops.py). Keras materialises a batch's
 logs before any `on_train_batch_end` runs, so a step's time covers fetching the batch,
 running the step and reading its result back, the same in both loops, and nothing of
 the progress bar or of logging. The batch fetch is timed on its own too (`fetch`):
-the custom loop calls it, and under `fit` mpt's train function does (mpt/train/loops.py).
+the custom loop calls it, and under `fit` mpt's train function does (mpt/train/cli/loops.py).
 
 Tags are identical for both loops, grouped by slash:
   per epoch:      train/loss, train/accuracy, eval/loss, eval/accuracy
@@ -148,6 +148,21 @@ def steps_in_call(begin, end) -> int:
   if isinstance(begin, int) and isinstance(end, int) and end >= begin:
     return end - begin + 1
   return 1
+
+
+class StepCounter(keras.callbacks.Callback):
+  """The run's global step: `current` is being run, `done` have completed."""
+
+  def __init__(self, start_step: int):
+    super().__init__()
+    self.done = self.current = start_step
+    self._begin = None
+
+  def on_train_batch_begin(self, batch, logs=None):
+    self.current, self._begin = self.done + 1, batch
+
+  def on_train_batch_end(self, batch, logs=None):
+    self.done += steps_in_call(self._begin, batch)
 
 
 @dataclasses.dataclass

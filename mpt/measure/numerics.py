@@ -79,7 +79,7 @@ def in_float32(model: keras.Model):
 @contextlib.contextmanager
 def state_kept(variables):
   """`variables` as they were before the block (the numerics' pass: the model's
-  non-trainable ones; a script's timed step, mpt/train/scriptcost.py: all of them)."""
+  non-trainable ones; a script's timed step, mpt/train/before_step1/scriptcost.py: all of them)."""
   kept = [(v, tf.identity(v.value)) for v in variables]
   try:
     yield

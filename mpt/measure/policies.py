@@ -19,7 +19,7 @@ loudly when a Keras upgrade changes it):
   model" when it holds the model's object; under a 16-bit model policy also when it
   holds one of the same name (a clone's layers do; a float32 pin stands out), and
   under a map when the map gives its path the map's default. So the command line
-  builds the model it times under a 16-bit policy (mpt/train/cost.py).
+  builds the model it times under a 16-bit policy (mpt/train/before_step1/cost.py).
 """
 
 import contextlib

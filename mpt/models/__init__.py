@@ -3,7 +3,7 @@ from `--model_opts=key=value,...`.
 
 A variant is one builder plus one `@register` line. A builder takes the input shape,
 the number of classes and keyword options, and never a dtype: the global Keras policy
-(set by mpt/train/precision.py before the build) decides every layer's compute dtype. Only
+(set by mpt/train/common/precision.py before the build) decides every layer's compute dtype. Only
 the output is forced to float32 (`classifier_head`), so the loss and its gradients
 start in full precision, as the TensorFlow mixed-precision guide asks.
 

@@ -1,7 +1,7 @@
 """cost.json: what one model's training step costs here under each policy, measured
 before step 1, and the choice of TensorFlow's oneDNN rewrite; typed, with its cache.
 
-`Cost` is one measurement: the model's compiled train step (mpt/train/cost.py) timed
+`Cost` is one measurement: the model's compiled train step (mpt/train/before_step1/cost.py) timed
 under each policy at one batch, with TF's oneDNN rewrite on or off, and the ms/step it
 predicts at the run's batch. `OnednnChoice` is the setting a run trains with and why
 (measured, forced, or TF's default). Both are written by the process that measured or
@@ -178,7 +178,7 @@ def key_for(cfg: Config, onednn: bool | None, cpu) -> dict[str, Any]:
 def machine_key(onednn: bool | None, cpu) -> dict[str, Any]:
   """The part of every measurement's key that is the machine: the CPU, its logical
   cores, TensorFlow and its oneDNN setting (a script's step keys on it too,
-  mpt/train/scriptcost.py)."""
+  mpt/train/before_step1/scriptcost.py)."""
   return {"cpu": cpu.name, "logical_cpus": cpu.logical_cpus,
           "tf_version": files.tf_version(), "onednn": onednn}
 

@@ -1,6 +1,6 @@
 """The memory plan of a run, typed: the preflight's estimate of a training step's peak
 memory per policy before step 1 (mpt/measure/memory.py does the arithmetic,
-mpt/train/preflight.py the check) and the peak measured after it, as summary.json's
+mpt/train/before_step1/preflight.py the check) and the peak measured after it, as summary.json's
 `memory`; sweeps read each policy's line from it to predict which batches fit.
 """
 

@@ -2,7 +2,7 @@
 `program` (a run of the command line has flags.txt instead, a flagfile that replays
 it; a script's run cannot be replayed by mpt, so its record is not dressed as one).
 
-Written by mpt/train/library.py; read by the diagnosis (the optimizers' loss scales and
+Written by mpt/train/script/library.py; read by the diagnosis (the optimizers' loss scales and
 whether each scaled its loss) and by anyone reading the run folder.
 """
 

@@ -152,7 +152,7 @@ class RunSummary:
   tf_version: str | None = None
   keras_version: str | None = None
   python_version: str | None = None
-  # Distribution (mpt/train/distribute.py).
+  # Distribution (mpt/train/cli/distribute.py).
   strategy: str = "default"
   replicas: int = 1
   workers: int = 1

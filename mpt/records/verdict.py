@@ -1,10 +1,10 @@
 """What is known about a policy's speed on this machine before training, typed: the
 verdict on the run's policy (summary.json `policy_verdict`, mpt/machine/fastpath.py)
 and `--policy=auto`'s timed choice (summary.json `policy_choice`,
-mpt/train/autopolicy.py).
+mpt/train/before_step1/autopolicy.py).
 
 A verdict rests on one of three kinds of evidence, most direct first: "cost" (this
-model's step timed per policy before step 1, mpt/train/cost.py), "probe" (the kernel
+model's step timed per policy before step 1, mpt/train/before_step1/cost.py), "probe" (the kernel
 table's representative shapes, mpt/machine/kernels.py) or "flags" (the CPU flags or the
 GPU's compute capability: nothing measured). The first two are `measured`.
 """
@@ -61,7 +61,7 @@ class Candidate:
   ms_per_step: float | None = None  # Median of the timed steps, or the prediction.
   finite: bool = True  # Its loss stayed finite.
   dropped: str | None = None  # Why it was not timed to the end, or None.
-  predicted_ms: float | None = None  # Its step's predicted cost (mpt/train/cost.py).
+  predicted_ms: float | None = None  # Its step's predicted cost (mpt/train/before_step1/cost.py).
   vs_float32: float | None = None  # float32's ms/step over its own.
   # On a GPU, from the kernel table (mpt/machine/gpu_table.py): the share of its
   # convolution/matmul kernel time on Tensor Cores, and the layers left on CUDA cores.

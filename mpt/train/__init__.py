@@ -1,11 +1,19 @@
-"""Wing: one training run (`--mode=train`, `--mode=inspect`), start to finish.
+"""Wing: one training run, in four rooms by concern, each importing only the rooms
+below it (tests/test_architecture.py checks it):
 
-prepare.py builds the run (`Run`) before its first step; run.py trains it and maps
-its ending; record.py turns it into summary.json; loops.py and steps.py are the two
-training paths; callbacks.py orders the callbacks around the one step counter;
-model.py builds the model, which dryrun.py (`--mode=inspect`) inspects without
-training; keras_fit.py holds every use of Keras/TF internals. cost.py times the step
-per policy before step 1 (the one timer, `time_candidates`), for the command line's
-model and, through scriptcost.py, for a script's (library.py, tracker.py). Imports the ground
-floor only (config, records, machine, measure, models), never another wing.
+  common/        what every run is made of, whoever drives it (bottom)
+  before_step1/  before the first step: measure, then choose
+  cli/           the command line's run: `--mode=train` and `--mode=inspect` (top)
+  script/        a user's own program: `mpt.callbacks`, `mpt.track` (top; never cli/)
+
+A default run, top to bottom: cli/run.py `train_and_evaluate` -> cli/prepare.py
+(checks, strategy, data) -> before_step1/measure.py (the oneDNN rewrite, the step's
+cost per policy, --policy=auto's choice: one `BeforeStep1`) -> cli/prepare.py (the
+folder, the model and optimizer, the verdict, the dtype report and memory, a resume)
+-> cli/callbacks.py and cli/loops.py (the steps) -> cli/record.py (summary.json) ->
+common/ending.py (the one end: the record written, runs.csv, the diagnosis). A
+script's run is script/library.py's callbacks around the user's fit, or
+script/tracker.py around the user's loop, ending in the same common/ending.py.
+Imports the ground floor (config, records, machine, measure, models), never another
+wing.
 """

@@ -170,7 +170,7 @@ MACHINES = {"spr": ("intel_spr_amx_recorded", "intel_spr_amx_recorded"),
 
 def kernels_block(machine: str, policy: str) -> dict:
   """summary.json's `policy_verdict` for `policy` on `machine`, as
-  mpt/train/precision.py's check_speed records it: fastpath.verdict on the recorded
+  mpt/train/common/precision.py's check_speed records it: fastpath.verdict on the recorded
   table, plus its source."""
   table_name, cpuinfo = MACHINES[machine]
   table = json.loads((DATA / "kernels" / f"{table_name}.json").read_text())

@@ -23,10 +23,10 @@ from mpt.measure import numerics
 from mpt.records import numerics as records
 from mpt.records import spread
 from mpt.records.summary import RunSummary
-from mpt.train import data as data_lib
-from mpt.train import precision
-from mpt.train import steps as steps_lib
-from mpt.train.model import build_model
+from mpt.train.cli import data as data_lib
+from mpt.train.common import precision
+from mpt.train.common import steps as steps_lib
+from mpt.train.common.model import build_model
 
 NUMERICS = ("f16_overflow", "gradient_underflow", "loss_scale_room", "bf16_error")
 

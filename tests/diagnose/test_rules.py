@@ -50,7 +50,7 @@ def _counted(monkeypatch) -> dict[str, int]:
 def _gpu_checks() -> set[str]:
   """The detectors a run of the command line never runs: those that read a GPU
   capture (tests/diagnose/test_profile.py runs them) and a script's program record
-  (tests/train/test_best_effort.py); and the per-layer cost's and XLA's, which the
+  (tests/train/common/test_best_effort.py); and the per-layer cost's and XLA's, which the
   recorded runs lack (tests/diagnose/test_diagnose_cost.py), with their numerics
   and float32 over several seeds (tests/diagnose/test_numerics_findings.py)."""
   return {n for n, need in detectors.NEEDS.items() if need in (

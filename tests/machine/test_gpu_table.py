@@ -1,7 +1,7 @@
 """The kernel table on a GPU (mpt/machine/gpu_table.py) and where it goes: built from
 the real H200 captures (tests/data/gpu_captures/h200_seed_*: the seed convnet under
 each policy), read by the verdict before step 1 and by --policy=auto's table, and made
-by mpt/train/cost.py, which profiles each policy's step on a GPU: on this CPU its
+by mpt/train/before_step1/cost.py, which profiles each policy's step on a GPU: on this CPU its
 capture has no GPU plane, and it says so instead of failing the run.
 """
 
@@ -13,7 +13,8 @@ import pytest
 from mpt import config
 from mpt.machine import fastpath, gpu_profile, gpu_table, hardware, kernels
 from mpt.records.cost import Cost, PolicyCost
-from mpt.train import autopolicy, cost, gpu_steps, model, precision
+from mpt.train.before_step1 import autopolicy, cost, gpu_steps
+from mpt.train.common import model, precision
 
 from helpers import gpu_captures
 

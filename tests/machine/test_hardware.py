@@ -157,7 +157,7 @@ def test_peak_gflops_on_a_gpu_machine_uses_the_data_sheet_for_every_gpu(monkeypa
 ])
 def test_tfs_default_for_its_onednn_rewrite_on_recorded_cpus(cpuinfo, expect, word):
   """TF 2.21's DefaultOneDnnPolicy (tensorflow/core/util/port.cc): on for x86 CPUs with
-  AVX512_VNNI, AVX512_BF16, AVX_VNNI or AMX; tests/train/test_keras_fit.py holds the
+  AVX512_VNNI, AVX512_BF16, AVX_VNNI or AMX; tests/train/common/test_keras_fit.py holds the
   rule to TF's own answer on the host."""
   cpu = isa.detect(str(CPUINFO / f"{cpuinfo}.txt"))
   on, why = hardware.onednn_default(cpu.flags)

@@ -6,7 +6,7 @@ import pytest
 
 from mpt.measure import dtypes as inspect
 from mpt import models
-from mpt.train import precision
+from mpt.train.common import precision
 
 from mpt.records import numerics as numerics_lib
 from helpers import mpt_forked, read_events

@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from mpt.machine import fastpath
 from mpt.measure import layercost
-from mpt.train import precision
+from mpt.train.common import precision
 
 from helpers import DATA
 

@@ -1,7 +1,7 @@
 """Memory (mpt/measure/memory.py): the estimate's arithmetic on a hand-computed case,
 the available memory (its stand-in, a GPU's by NVML), the estimate beside the measured
 peak in a child process, and a death by signal ending in summary.json. The preflight
-that acts on the estimate: tests/train/test_preflight.py."""
+that acts on the estimate: tests/train/before_step1/test_preflight.py."""
 
 import json
 import os

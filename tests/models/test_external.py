@@ -168,7 +168,7 @@ def test_a_subclassed_model_is_wrapped_and_seen_inside(user_module, capsys):
   own work seen by the dtype inspection, the fused-BatchNorm swap declined in one line."""
   from mpt import config
   from mpt.measure import dtypes
-  from mpt.train.model import build_model
+  from mpt.train.common.model import build_model
   keras.mixed_precision.set_global_policy("mixed_bfloat16")
   cfg = config.Config(model=f"{user_module}:subclassed", image_size=16,
                       batchnorm="fused")

@@ -88,7 +88,7 @@ def test_every_registered_model_swaps_and_keeps_its_shape_and_weights_count():
 @pytest.mark.parametrize("loop", ["fit", "custom"])
 def test_both_loops_train_with_it_and_inspect_and_checkpoints_see_it(tiny, loop):
   import json
-  from mpt.train import run
+  from mpt.train.cli import run
   summary = run.train_and_evaluate(tiny(loop=loop, policy="mixed_bfloat16",
                                         batchnorm="fused", epochs=2))
   assert summary["status"] == "completed" and summary["batchnorm"] == "fused"
@@ -105,7 +105,7 @@ def test_both_loops_train_with_it_and_inspect_and_checkpoints_see_it(tiny, loop)
 
 
 def test_synchronized_batchnorm_keeps_keras_layer_and_says_so(tiny, capsys):
-  from mpt.train import model as model_lib
+  from mpt.train.common import model as model_lib
   from helpers import CPU_DEVICES
   model = model_lib.build_model(tiny(batchnorm="fused", strategy="mirrored",
                                      cpu_devices=CPU_DEVICES), 10, replicas=2)

@@ -8,7 +8,7 @@ import pytest
 
 from mpt import models
 from mpt.errors import UserError
-from mpt.train import precision
+from mpt.train.common import precision
 
 from helpers import train_run
 
@@ -78,7 +78,7 @@ def test_every_variant_is_registered_with_a_one_line_purpose():
 @pytest.mark.parametrize("name", VARIANTS)
 def test_every_variant_builds_has_a_float32_output_and_trains_a_step(name, policy):
   from mpt.measure import dtypes as mpt_inspect
-  from mpt.train import steps as steps_lib
+  from mpt.train.common import steps as steps_lib
   precision.set_policy(policy)
   model = models.build(name, (32, 32, 3), 10, **SMALL.get(name, {}))
   assert model.output_shape == (None, 10) and model.output.dtype == "float32"

@@ -40,7 +40,7 @@ SWEEP_FLAGS = {f.name for f in dataclasses.fields(SweepOptions)}
 
 def session_hparams(run_dir) -> dict:
   """The hparams of a run's HParams session (the `session_start_info` TensorBoard's
-  HParams dashboard reads), as in tests/train/test_train.py."""
+  HParams dashboard reads), as in tests/train/cli/test_train.py."""
   from tensorboard.backend.event_processing import event_accumulator
   from tensorboard.plugins.hparams import plugin_data_pb2
   acc = event_accumulator.EventAccumulator(str(run_dir))

@@ -1,0 +1,313 @@
+"""Everything a training run does before its first step: `prepare(cfg)` -> `Run`.
+
+In order: the checks that can fail on bad input before any work (UserError), the
+tf.distribute strategy (mpt/train/cli/distribute.py, before TF's runtime starts), the
+seeds, the data, TF's oneDNN rewrite and this model's step cost per policy
+(mpt/train/before_step1/cost.py), `--policy=auto`'s choice, the precision policy, the run folder
+(`flags.txt`; a non-chief worker's scratch folder), the model and optimizer under the
+strategy's scope, the speed verdict on the policy, the dtype report and the memory
+preflight (mpt/train/before_step1/preflight.py), the checkpoint restored with `--resume`, and the
+utilisation sampler.
+
+`Run` is the one object the rest of the run reads: the callbacks
+(mpt/train/cli/callbacks.py), the loop and the ending (mpt/train/cli/run.py), and
+summary.json (mpt/train/cli/record.py).
+"""
+
+import dataclasses
+import pathlib
+import tempfile
+import time
+from typing import Any
+
+from absl import logging
+import keras
+import numpy as np
+import tensorflow as tf
+
+from mpt import config
+from mpt import files
+from mpt import flagvalues
+from mpt import injection
+from mpt import models
+from mpt import speech
+from mpt import supervisor
+from mpt.errors import UserError
+from mpt.machine import gpu_table
+from mpt.machine import kernels
+from mpt.measure import dtypes as dtypes_lib
+from mpt.measure import memory
+from mpt.measure import policies
+from mpt.measure import profiler
+from mpt.measure import sampler as sampler_lib
+from mpt.records import cost as cost_records
+from mpt.records import rundir
+from mpt.records.cost import Cost, OnednnChoice
+from mpt.records import layers as layer_records
+from mpt.records.layers import LayerCosts
+from mpt.records.memory import MemoryPlan
+from mpt.records.verdict import PolicyChoice, PolicyVerdict
+from mpt.train.before_step1 import autopolicy
+from mpt.train.cli import checkpoint
+from mpt.train.before_step1 import cost as cost_lib
+from mpt.train.cli import data as data_lib
+from mpt.train.cli import distribute
+from mpt.train.common import keras_fit
+from mpt.train.before_step1 import layers as layers_lib
+from mpt.train.common import numerics as numerics_lib
+from mpt.train.before_step1 import onednn_choice
+from mpt.train.common import precision
+from mpt.train.before_step1 import preflight
+from mpt.train.common.model import build_model
+
+
+@dataclasses.dataclass
+class Run:
+  """One training run as `prepare` leaves it before its first step."""
+  cfg: config.Config  # As the run trains: resumed, --onednn and --policy=auto settled.
+  dist: distribute.Setup
+  data: data_lib.Data
+  policy: keras.DTypePolicy
+  # The run folder (a non-chief worker: the folder it resumes, else its scratch
+  # folder), and where this process writes (a non-chief worker: its scratch folder).
+  run_dir: pathlib.Path
+  out_dir: pathlib.Path
+  model: keras.Model
+  optimizer: keras.optimizers.Optimizer
+  ckpt: checkpoint.Checkpointer
+  start_step: int  # The global step the run starts at (> 0: resumed).
+  prior: dict[str, Any]  # The resumed checkpoint's state ({} for a fresh run).
+  started: float  # time.perf_counter() when the run began.
+  window: tuple[int, int] | None  # --profile_steps (None: no profile, or not chief).
+  fault_window: tuple[int, int] | None  # --fault_steps.
+  verdict: PolicyVerdict | None  # precision.check_speed's (summary.json's `policy_verdict`).
+  report: dict[str, Any] | None  # The dtype inspection (None: --noinstrument).
+  memory: MemoryPlan | None  # The preflight's plan (preflight.for_run).
+  sampler: sampler_lib.Sampler | None  # The chief's, with --instrument.
+  policy_choice: PolicyChoice | None  # --policy=auto's record.
+  cost: Cost | None  # This model's step per policy (mpt/train/before_step1/cost.py).
+  layer_costs: LayerCosts | None  # Its layers per policy (mpt/train/before_step1/layers.py).
+  onednn: OnednnChoice  # TF's oneDNN rewrite, and why.
+
+  def wall_s(self) -> float:
+    """The run's wall time so far, its attempts before a resume included."""
+    return self.prior.get("wall_s", 0.0) + time.perf_counter() - self.started
+
+  @property
+  def flops_per_step(self) -> int | None:
+    """FLOPs of one training step at the global batch (None: --noinstrument)."""
+    return (dtypes_lib.train_step_flops(self.report, self.cfg.batch_size)
+            if self.report else None)
+
+
+def resume_config(cfg: config.Config) -> config.Config:
+  """The config a run folder was started with, to continue it (`--resume`)."""
+  flags_txt = pathlib.Path(cfg.resume).expanduser() / "flags.txt"
+  if not flags_txt.is_file():
+    raise UserError(f"--resume={cfg.resume!r} is not a run folder (no flags.txt)")
+  saved = config.from_flagfile(flags_txt.read_text())
+  if not saved.checkpoint:
+    raise UserError(f"--resume={cfg.resume!r}: that run was made with "
+                    "--checkpoint=false and has no checkpoint to resume from")
+  return dataclasses.replace(saved, resume=cfg.resume, verbose=cfg.verbose)
+
+
+def prepare(cfg: config.Config) -> Run:
+  """Everything before the first step; UserError before any work where possible."""
+  started = time.perf_counter()
+  if cfg.resume:
+    cfg = resume_config(cfg)
+  dist, fault_window = _start(cfg)
+  data = _load_data(cfg)
+  onednn, cost = _before_step_one(cfg, data, dist)
+  # flags.txt records the rewrite's state the run trains with, so that --resume and a
+  # replayed flags.txt run under it (runs that differ in it are not the same config).
+  cfg = dataclasses.replace(cfg, onednn=onednn.label() if onednn.on is not None
+                            else cfg.onednn)
+  cfg, choice, per_layer = _choose_policy(cfg, data, dist, cost)
+  policy = precision.set_policy(cfg.policy)
+  print(precision.describe(policy), flush=True)
+  window = profiler.parse_window(cfg.profile_steps, cfg.warmup_steps,
+                                 cfg.epochs * data.steps_per_epoch,
+                                 gpu=bool(tf.config.list_logical_devices("GPU")))
+  run_dir, out_dir = _folders(cfg, dist)
+  if not dist.is_chief:
+    cfg = dataclasses.replace(cfg, verbose=0, profile_steps="off")
+    window = None
+    print(f"mpt: {dist.task} is not the chief: the chief writes the run folder",
+          flush=True)
+  with dist.strategy.scope():  # Variables become mirrored (or stay local: default).
+    model = build_model(cfg, len(data.class_names), dist.replicas)
+    optimizer = precision.make_optimizer(cfg.policy, cfg.learning_rate, cfg.loss_scale,
+                                         scaled=config.scales_loss(cfg))
+    optimizer.build(model.trainable_variables)  # Its slots must exist to be restored.
+  if cfg.layer_policy and dist.is_chief:  # The plan in the form a script applies.
+    _write_plan(cfg, model, out_dir, choice is not None)
+  verdict = precision.check_speed(cfg.policy, precision.layer_classes(model), cost)
+  if choice is None and dist.is_chief and dist.workers == 1:
+    per_layer = layers_lib.said(lambda: layers_lib.for_run(
+        cfg, model, cost, cfg.epochs * data.steps_per_epoch), cfg.policy, cost)
+  inspected, mem = _inspect(cfg, model, dist, run_dir)
+  ckpt = checkpoint.Checkpointer(run_dir, model, optimizer, cfg.keep_checkpoints,
+                                 write_dir=out_dir)
+  start_step, prior = _restore(cfg, ckpt, run_dir, dist)
+  report = inspected if cfg.instrument else None
+  if report:
+    files.write_json(out_dir / "dtypes.json", report)
+    if dist.is_chief:
+      print(dtypes_lib.one_line(report), flush=True)
+  sampler = sampler_lib.Sampler(cfg.sample_every, state=prior.get("sampler")) \
+      if cfg.instrument and dist.is_chief else None
+  return Run(cfg=cfg, dist=dist, data=data, policy=policy, run_dir=run_dir,
+             out_dir=out_dir, model=model, optimizer=optimizer, ckpt=ckpt,
+             start_step=start_step, prior=prior, started=started, window=window,
+             fault_window=fault_window, verdict=verdict, report=report, memory=mem,
+             sampler=sampler, policy_choice=choice, cost=cost, layer_costs=per_layer,
+             onednn=onednn)
+
+
+def _write_plan(cfg: config.Config, model: keras.Model, out_dir: pathlib.Path,
+                auto: bool) -> None:
+  """The run's --layer_policy as the DTypePolicyMap a script applies, said."""
+  found = policies.map_of(model, config.layer_policies(cfg.layer_policy))
+  where = policies.write_map(out_dir, found, f"--policy={cfg.policy} --layer_policy="
+                             f"{cfg.layer_policy}" + (" (--policy=auto)" if auto else ""))
+  print(speech.plan_line(where, found[1]), flush=True)
+
+
+def _start(cfg: config.Config) -> tuple[distribute.Setup, tuple[int, int] | None]:
+  """The checks of the run's input, the strategy and a fresh TF state: (the
+  strategy's setup, --fault_steps' window)."""
+  config.validate(cfg)
+  injection.injected_faults()  # A malformed MPT_INJECT_FAULT is bad input, said now.
+  injection.kill_at()  # So is a malformed MPT_KILL_AT.
+  # First: devices and collectives can only be set up before TF's runtime starts.
+  dist = distribute.setup(cfg)
+  distribute.check_batch(cfg, dist)
+  models.parse_opts(cfg.model, cfg.model_opts)  # Checks the name and the options.
+  if dist.is_chief:
+    rundir.check_root(cfg)
+  profiler.parse_window(cfg.profile_steps, cfg.warmup_steps, 10**12)  # Syntax, early.
+  fault_window = flagvalues.parse_steps(cfg.fault_steps, "fault_steps")
+  keras.backend.clear_session()  # Fresh graph state when runs share a process (tests).
+  keras.utils.set_random_seed(cfg.seed)
+  if cfg.deterministic:
+    tf.config.experimental.enable_op_determinism()
+  tf.config.experimental.enable_tensor_float_32_execution(cfg.tf32)
+  if cfg.policy == "auto" and dist.workers > 1:
+    raise UserError("--policy=auto times steps on one machine; with "
+                    "--strategy=multi_worker each worker could choose differently: "
+                    "give the policy")
+  if dist.replicas > 1 or cfg.strategy != "default":  # One device: nothing to say.
+    print(f"mpt: {dist.describe()}", flush=True)
+  return dist, fault_window
+
+
+def _load_data(cfg: config.Config) -> data_lib.Data:
+  data = data_lib.load(cfg)
+  logging.info("data: %s, %d train / %d val images, %d classes, %d skipped", data.source,
+               data.n_train, data.n_val, len(data.class_names), len(data.skipped_files))
+  return data
+
+
+def _before_step_one(cfg: config.Config, data: data_lib.Data, dist: distribute.Setup):
+  """(TF's oneDNN rewrite here and why, this model's step cost per policy or None),
+  each said in one line."""
+  onednn = onednn_choice.current(keras_fit.onednn_rewrite_on())
+  if dist.workers > 1:
+    print("mpt: note: the step's cost per policy was not measured: each worker of a "
+          "cluster would measure on its own", flush=True)
+    return onednn, None
+  plain = dataclasses.replace(cfg, layer_policy="")  # The plan is a row of its own.
+  build = lambda: build_model(plain, len(data.class_names))
+  # The machine's cached kernel table (the probe runs only to explain a slowdown):
+  # a policy it marks pathological is predicted, not run for seconds a step.
+  table = lambda: (None if tf.config.list_logical_devices("GPU")
+                   else kernels.table(probe_if_missing=False)[0])
+  steps = cfg.epochs * data.steps_per_epoch  # --policy=auto needs it measured.
+  steps = max(steps, cost_lib.MIN_RUN_STEPS) if cfg.policy == "auto" else steps
+  found, note = cost_lib.for_run(cfg, build, steps,
+                                 fits=lambda: preflight.will_not_fit(cfg, build),
+                                 table=table)
+  keras.utils.set_random_seed(cfg.seed)  # The run starts as a fresh one would.
+  if note:
+    print(f"mpt: note: {note}", flush=True)
+  if found:
+    print(cost_records.one_line(found, onednn.short()), flush=True)
+    if found.gpu_kernels is not None:
+      print(gpu_table.one_line(found.gpu_kernels), flush=True)
+    elif found.gpu_kernels_note:
+      print(f"mpt: note: {found.gpu_kernels_note}", flush=True)
+  return onednn, found
+
+
+def _choose_policy(cfg: config.Config, data: data_lib.Data, dist: distribute.Setup,
+                   cost: Cost | None):
+  """With --policy=auto: (the config with the policy and plan measured fastest here
+  among those its numerics allow; the choice's record; the per-layer cost it read);
+  otherwise (cfg, None, None)."""
+  if cfg.policy != "auto":
+    return cfg, None, None
+  start, plan, timer, per_layer = time.perf_counter(), None, None, None
+  if cost is not None:
+    build = lambda: build_model(cfg, len(data.class_names))
+    per_layer = layers_lib.said(lambda: layers_lib.read_or_measure(cfg, build()),
+                                "float32", cost)
+    plan = (lambda best: layer_records.best_plan(per_layer, best)) if per_layer else None
+    timer = lambda p: autopolicy.time_plan(cfg, build, p)
+  precision.set_policy("float32")  # Its numerics: every layer that would be 16-bit.
+  unsafe = numerics_lib.unsafe(cfg, build_model(cfg, len(data.class_names)), data)
+  measured = cost.seconds if cost and cost.source == "measured" else 0.0  # Not cached.
+  chosen, layer_policy, choice = autopolicy.choose(
+      cost, plan, timer, measured + time.perf_counter() - start, unsafe)
+  plan_words = f" with --layer_policy={layer_policy}" if layer_policy else ""
+  print(f"mpt: --policy=auto: {chosen}{plan_words} was fastest here\n"
+        f"{autopolicy.format_table(choice)}", flush=True)
+  cfg = dataclasses.replace(cfg, policy=chosen, layer_policy=layer_policy)
+  keras.utils.set_random_seed(cfg.seed)  # The run starts as a fresh one would.
+  return cfg, choice, per_layer
+
+
+def _folders(cfg: config.Config,
+             dist: distribute.Setup) -> tuple[pathlib.Path, pathlib.Path]:
+  """(the run folder, the folder this process writes): a new run's folder is created
+  with its flags.txt, a resumed run's is `--resume`."""
+  if cfg.resume:
+    run_dir = pathlib.Path(cfg.resume).expanduser()
+  elif dist.is_chief:
+    run_dir = rundir.create(cfg)
+    (run_dir / "flags.txt").write_text(config.to_flagfile(cfg))
+  if dist.is_chief:
+    supervisor.note_run_dir(run_dir)
+    return run_dir, run_dir
+  # Only the chief writes the run folder; another worker writes into a scratch folder
+  # deleted at its end (it must still take part in every checkpoint save).
+  out_dir = pathlib.Path(tempfile.mkdtemp(prefix=f"mpt-{dist.task.replace(':', '')}-"))
+  return (run_dir if cfg.resume else out_dir), out_dir
+
+
+def _inspect(cfg: config.Config, model: keras.Model, dist: distribute.Setup,
+             run_dir: pathlib.Path) -> tuple[dict[str, Any], MemoryPlan]:
+  """(the dtype report, the memory plan); WillNotFit (a new run's folder removed)
+  where the step will not fit, unless --force."""
+  memory.reset_peak()  # This run's peak, not an earlier one's in the same process.
+  with dist.strategy.scope():  # The memory estimate's layer sizes, and dtypes.json.
+    inspected = dtypes_lib.inspect_model(model, seed=cfg.seed)
+  mem = preflight.for_run(
+      cfg, inspected, sum(int(np.prod(v.shape)) for v in model.trainable_variables),
+      dist.replicas, dist.workers, gpu=bool(tf.config.list_logical_devices("GPU")),
+      remove=run_dir if not cfg.resume and dist.is_chief else None)
+  return inspected, mem
+
+
+def _restore(cfg: config.Config, ckpt: checkpoint.Checkpointer, run_dir: pathlib.Path,
+             dist: distribute.Setup) -> tuple[int, dict[str, Any]]:
+  """(the step the run starts at, the state its checkpoint stored); (0, {}) for a new
+  run."""
+  if not cfg.resume:
+    return 0, {}
+  start_step, _, prior = ckpt.restore()
+  if dist.is_chief:
+    checkpoint.prune_events(run_dir, start_step)
+  print(f"mpt: resuming {run_dir} at step {start_step}", flush=True)
+  return start_step, prior

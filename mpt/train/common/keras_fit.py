@@ -1,0 +1,83 @@
+"""Every touch of Keras/TensorFlow internals in mpt, one named function each.
+
+`fit` is Keras' own loop; mpt needs three things from it that Keras has no public
+switch for, and one fact of TensorFlow's (is its oneDNN rewrite on?) that TF does not
+offer publicly. Each function below says what it changes, why, and which versions it was
+written for: Keras 3.15 on TensorFlow 2.21 (KERAS_VERSION, TF_VERSION).
+tests/train/common/test_keras_fit.py checks that every private name used here still exists,
+and fails loudly, naming the function, when a Keras or TF upgrade removes one. No
+other module of mpt may use a private attribute of a Keras or TF object (an import
+walk in tests/test_architecture.py checks that too).
+"""
+
+from typing import Any, Callable
+
+import keras
+import tensorflow as tf
+
+KERAS_VERSION = "3.15"
+TF_VERSION = "2.21"
+# The private names used below, for the guard test: (object, attribute).
+PRIVATE = (("keras.Model", "_maybe_symbolic_build"),
+           ("tf.distribute.MultiWorkerMirroredStrategy.extended",
+            "_in_multi_worker_mode"))
+
+
+def build_from_plain_batch(model: keras.Model, sample: Any) -> None:
+  """Under a strategy, Keras builds the model's metrics and optimizer from one batch
+  it reads off the distributed dataset and averages over replicas; under
+  MultiWorkerMirroredStrategy that average fails (Keras 3.15 reduces the (images,
+  labels) tuple with a collective that takes single tensors). Build from a plain
+  validation batch instead: only its shapes matter."""
+  build = model._maybe_symbolic_build
+  model._maybe_symbolic_build = lambda iterator=None, data_batch=None: build(
+      data_batch=sample if data_batch is None else data_batch)
+
+
+def in_multi_worker_mode(strategy: tf.distribute.Strategy) -> bool:
+  """A MultiWorkerMirroredStrategy with more than one worker (TF has no public
+  question for it)."""
+  return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and \
+      strategy.extended._in_multi_worker_mode()
+
+
+def metrics_as_vectors(model: keras.Model) -> None:
+  """Keras 3 averages the step's metric results across workers with
+  strategy.reduce("MEAN", value, axis=0), which fails for scalars ("Invalid reduction
+  dimension 0", tensorflow/tensorflow#72388). Give them shape [1]: an instance
+  attribute replaces the model's `compute_metrics`, for this model only."""
+  compute_metrics = model.compute_metrics
+  model.compute_metrics = lambda *args, **kwargs: {
+      k: tf.reshape(v, [1]) for k, v in compute_metrics(*args, **kwargs).items()}
+
+
+def fetch_through(model: keras.Model, fetch: Callable[[Any], Any]) -> None:
+  """Replaces the model's train function with one that takes its batch through
+  `fetch` (mpt's timed `next`), so the data wait is timed the same way in fit as in
+  the custom loop. Keras' TF train function runs its compiled one-step function on
+  each element of a plain Python iterator; given one batch, that is exactly one step.
+  """
+  model.make_train_function()
+  keras_step = model.train_function
+  if getattr(keras_step, "mpt_fetch", None) is fetch:  # A second fit: wrapped already.
+    return
+  timed = lambda iterator: keras_step(iter([fetch(iterator)]))
+  timed.mpt_fetch = fetch
+  model.train_function = timed
+
+
+def step_marker(step: int) -> Any:
+  """A profiler trace event marking one train step, for the profile plugin's step
+  view: `_r=1` is TF's private metadata key for a step's root event (the key Keras'
+  own TensorBoard callback passes)."""
+  return tf.profiler.experimental.Trace("train", step_num=step, _r=1)
+
+
+def onednn_rewrite_on() -> bool:
+  """Whether TensorFlow's oneDNN graph rewrite is on in this process. TF 2.21 turns it
+  on by default only on CPUs with AVX512_VNNI, AVX512_BF16 or AMX (and always when
+  TF_ENABLE_ONEDNN_OPTS=1); where it is off, TF's own Eigen kernels run the ops, and
+  those compute 16-bit convolutions in float32 copies of their operands. TF has no
+  public question for it: IsMklEnabled() answers what the rewrite itself checks."""
+  from tensorflow.python.util import _pywrap_util_port
+  return bool(_pywrap_util_port.IsMklEnabled())

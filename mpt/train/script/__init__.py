@@ -1,0 +1,8 @@
+"""Room: a user's own program. `mpt.callbacks(...)` and `mpt.track(...)` import only
+this room, common/ and, after the first step, before_step1/scriptcost.py: never the
+command line's machinery (cli/).
+
+library.py  the callbacks around a user's `model.fit` (any model, several fits)
+tracker.py  `mpt.track`: a user's own loop, its step and batches
+watch.py    a script's optimizers: updates, skipped steps, scale_loss() seen
+"""

@@ -1,0 +1,115 @@
+"""mpt/train/common/keras_fit.py is written against Keras 3.15 / TF 2.21 internals. These tests
+fail loudly, naming the function to revisit, when an upgrade removes or changes one."""
+
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import helpers
+from mpt.machine import hardware
+from mpt.machine import isa
+from mpt.train.common import keras_fit
+
+
+
+def _model():
+  inputs = keras.Input((4,))
+  model = keras.Model(inputs, keras.layers.Dense(2)(inputs))
+  model.compile(optimizer="adam", loss="mse")
+  return model
+
+
+def test_written_for_the_installed_versions():
+  # Not a pin: a reminder that the functions below were checked against these.
+  assert keras.__version__.startswith(keras_fit.KERAS_VERSION + "."), (
+      f"mpt/train/common/keras_fit.py was written for Keras {keras_fit.KERAS_VERSION}; this is "
+      f"{keras.__version__}: check each function there, then update KERAS_VERSION")
+  assert tf.__version__.startswith(keras_fit.TF_VERSION + "."), (
+      f"mpt/train/common/keras_fit.py was written for TF {keras_fit.TF_VERSION}; this is "
+      f"{tf.__version__}: check each function there, then update TF_VERSION")
+
+
+def test_build_from_plain_batch_still_finds_keras_private_build():
+  # Keras builds symbolically only for a model made under a strategy.
+  with tf.distribute.OneDeviceStrategy("/cpu:0").scope():
+    model = _model()
+  assert callable(getattr(model, "_maybe_symbolic_build", None)), (
+      "keras.Model._maybe_symbolic_build is gone: revisit "
+      "keras_fit.build_from_plain_batch (multi_worker fit builds from a plain batch)")
+  sample = (np.zeros((2, 4), np.float32), np.zeros((2, 2), np.float32))
+  keras_fit.build_from_plain_batch(model, sample)
+  # Called as fit calls it, but with no batch: only the patch supplies `sample`.
+  model._maybe_symbolic_build(iterator=None)
+  assert model.optimizer.built, ("keras_fit.build_from_plain_batch no longer builds "
+                                 "the optimizer from the plain batch")
+
+
+def test_in_multi_worker_mode_still_answers():
+  strategy = tf.distribute.MultiWorkerMirroredStrategy()  # No TF_CONFIG: one worker.
+  assert hasattr(strategy.extended, "_in_multi_worker_mode"), (
+      "MultiWorkerMirroredStrategy.extended._in_multi_worker_mode is gone: revisit "
+      "keras_fit.in_multi_worker_mode")
+  assert keras_fit.in_multi_worker_mode(strategy) is False
+  assert keras_fit.in_multi_worker_mode(tf.distribute.get_strategy()) is False
+
+
+def test_metrics_as_vectors_reshapes_the_step_results():
+  model = _model()
+  model.fit(np.zeros((4, 4)), np.zeros((4, 2)), epochs=1, verbose=0)
+  keras_fit.metrics_as_vectors(model)
+  x, y = tf.zeros((2, 4)), tf.zeros((2, 2))
+  results = model.compute_metrics(x, y, model(x), sample_weight=None)
+  assert results and all(v.shape == (1,) for v in results.values()), results
+
+
+def test_fetch_through_runs_one_step_per_fetched_batch():
+  model, fetched = _model(), []
+  batches = iter([(np.ones((2, 4), np.float32), np.ones((2, 2), np.float32))] * 3)
+
+  def fetch(iterator):
+    fetched.append(1)
+    return next(iterator)
+
+  keras_fit.fetch_through(model, fetch)
+  model.train_function(batches)
+  assert len(fetched) == 1 and int(model.optimizer.iterations.numpy()) == 1, (
+      "Keras' train function no longer runs one step per element of a plain "
+      "iterator: revisit keras_fit.fetch_through")
+
+
+def test_step_marker_is_a_step_root_event_in_a_trace(tmp_path):
+  tf.profiler.experimental.start(str(tmp_path))
+  with keras_fit.step_marker(3):
+    tf.constant(1.0) + 1.0
+  tf.profiler.experimental.stop()
+  [trace] = tmp_path.glob("plugins/profile/*/*.xplane.pb")
+  assert helpers.trace_steps(trace) == [("train", {"step_num": 3, "_r": 1})], (
+      "the step marker is not a step root event (_r=1) any more: revisit "
+      "keras_fit.step_marker")
+
+
+def test_onednn_rewrite_on_still_reads_tfs_switch(children):
+  """The switch by its documented variable, in two children started together (TF
+  reads it once, at the first op): off with TF_ENABLE_ONEDNN_OPTS=0 and on with 1, on
+  any CPU. Unset (this test process, unless the suite runs with it set), TF's default,
+  which mpt's copy of TF's rule (hardware.onednn_default, used before TF starts) must
+  give for this host's real CPU."""
+  code = "from mpt.train.common import keras_fit; print(keras_fit.onednn_rewrite_on())"
+  procs = {value: children.start(
+      [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+      env={**os.environ, "TF_ENABLE_ONEDNN_OPTS": value}) for value in ("0", "1")}
+  if "TF_ENABLE_ONEDNN_OPTS" not in os.environ and os.path.exists("/proc/cpuinfo"):
+    rule, _ = hardware.onednn_default(isa.detect("/proc/cpuinfo").flags)
+    assert keras_fit.onednn_rewrite_on() is rule, (
+        "TF's default for its oneDNN rewrite on this CPU is no longer "
+        "hardware.ONEDNN_DEFAULT_FLAGS' rule (TF's DefaultOneDnnPolicy): revisit it")
+  for value, expected in (("0", "False"), ("1", "True")):
+    out, err = procs[value].communicate(timeout=120)
+    assert out.strip() == expected, (
+        "tensorflow.python.util._pywrap_util_port.IsMklEnabled no longer answers "
+        f"TF_ENABLE_ONEDNN_OPTS={value}: revisit keras_fit.onednn_rewrite_on "
+        f"({err[-1500:]})")
