@@ -55,7 +55,7 @@ def _one(spec: str) -> dict:
   asked = tuple(tuple(p.replace(";", ",").split("/", 1)) for p in FLAGS.plans)
   plans += asked
   step = cost.measure(cfg, lambda: model_lib.build_model(cfg, 10),
-                      list(config.POLICY_DTYPE), plans=plans, table=table)
+                      list(config.POLICY_DTYPE), plans=plans, table=lambda families: table)
   rows = {}
   for p in config.POLICY_DTYPE:
     summed, timed = found.predict(p), step.of(p)

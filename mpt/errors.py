@@ -36,6 +36,19 @@ def stopped_by(signal_name: str | None) -> int:
   return 128 + int(signal.Signals[signal_name or "SIGINT"])
 
 
+def exit_status(status: str, stop_signal: str | None = None, died: bool = False) -> int:
+  """The exit status of a run that ended with summary.json's `status`: the one map
+  from that vocabulary to EXIT. A run that stopped itself at a step for a signal
+  exits 128 + that signal; one whose process `died` of a signal (the supervisor saw
+  it) exits `killed` where it was stopped from outside, `oom` or `crashed`."""
+  if died:
+    return EXIT["killed"] if status == "interrupted" else EXIT["oom"] if (
+        status == "oom") else EXIT["crashed"]
+  if status == "interrupted":
+    return stopped_by(stop_signal)
+  return EXIT["bug"] if status == "failed" else EXIT[status]
+
+
 def ended(error: BaseException | None) -> tuple[str, str | None]:
   """(status, message) of a run that `error` ended (None: it ran to its end), in the
   one vocabulary of summary.json: Ctrl-C or a stop signal is `interrupted`, anything

@@ -201,12 +201,9 @@ def options() -> dict:
 
 def exit_status(result: dict) -> int:
   """The exit status of a mode's result (errors.EXIT, one table for every mode)."""
-  status = result["status"]
-  if status == "interrupted":
-    return errors.stopped_by(result.get("stop_signal"))
-  if status == "completed" and result.get("cells_not_completed"):
+  if result["status"] == "completed" and result.get("cells_not_completed"):
     return errors.EXIT["cells_failed"]
-  return errors.EXIT[status]
+  return errors.exit_status(result["status"], result.get("stop_signal"))
 
 
 def run() -> None:

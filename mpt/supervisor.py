@@ -35,6 +35,7 @@ import tempfile
 import threading
 
 from mpt import console
+from mpt import errors
 from mpt.errors import EXIT, STOP_SIGNALS
 from mpt.records import runs as runs_lib
 from mpt.records import summary as summary_lib
@@ -236,12 +237,6 @@ class Death:
               else "no OOM-kill counter readable")
     return "failed", f"{died} ({counts}: not memory, as far as mpt can tell)"
 
-  def exit_status(self, status: str, summary) -> int:
-    if status == "interrupted":
-      return EXIT["killed"]
-    if status == "oom":
-      return EXIT["oom"]
-    return EXIT["crashed"]
 
 
 def _died(death: "Death", run_dir: pathlib.Path | None) -> int:
@@ -269,4 +264,4 @@ def _died(death: "Death", run_dir: pathlib.Path | None) -> int:
         f"  {l}" for l in death.last[-LAST_SHOWN:]]
   lines.append(f"mpt: {status}: {why}{where}")
   print("\n".join(lines), file=sys.stderr, flush=True)
-  return death.exit_status(status, summary)
+  return errors.exit_status(status, died=True)

@@ -85,8 +85,10 @@ class Evidence:
     return None
 
   def no_fast_path(self, policy: str | None = None) -> tuple[str, str] | None:
-    """`no_fast_path` for `policy` (the run's by default) on the run's machine."""
-    return no_fast_path(self.summary.hardware, policy or self.summary.policy)
+    """`no_fast_path` for `policy` (by default the 16-bit policy the run computes
+    in, --layer_policy included, else its policy) on the run's machine."""
+    return no_fast_path(self.summary.hardware,
+                        policy or self.summary.sixteen or self.summary.policy)
 
   def rerun(self, policy: str, layer_policy: str = "") -> str:
     """The command that trains this run again under `policy` (flags.txt replayed),
@@ -196,7 +198,7 @@ def _relatives(s: RunSummary, neighbours) -> dict[str, Any]:
 
 def _notes(s: RunSummary, op_stats, notes: list[str]) -> None:
   """What the diagnosis could not read, and where measurements disagree."""
-  if op_stats is None and s.policy in hardware.SIXTEEN:
+  if op_stats is None and s.sixteen:
     notes.append("no profiler trace: for op-level evidence rerun with "
                  "--profile_steps=A,B (steps after the warm-up)")
   if not s.hardware:
@@ -274,4 +276,4 @@ def _gpu(ev: Evidence, notes: list[str]) -> GpuEvidence | None:
   notes += [f"GPU capture: {note}" for note in profile.notes]
   if profile.device is None:
     return None
-  return GpuEvidence(profile, ev.summary.policy, ev.rerun)
+  return GpuEvidence(profile, ev.summary.policy, ev.rerun, ev.summary.layer_policy or "")

@@ -50,12 +50,13 @@ class GpuEvidence:
   profile: GpuProfile
   policy: str | None = None  # The mpt run's --policy; None: a foreign capture.
   rerun: Callable[[str], str] | None = None  # The run's command under a policy.
+  layer_policy: str = ""  # The mpt run's --layer_policy.
 
   @property
   def sixteen_bit(self) -> bool:
     """Whether the capture is of a 16-bit run: the run's policy, else its kernels."""
     if self.policy:
-      return self.policy in config.SIXTEEN
+      return config.sixteen_bit(self.policy, self.layer_policy) is not None
     return (self.profile.sixteen_bit_share or 0.0) >= SIXTEEN_BIT_RUN
 
   @functools.cached_property

@@ -149,7 +149,7 @@ def verdict(policy: str, table: dict[str, Any] | None, families, flags: set[str]
     contradicts = (f"the CPU flags say {dtype} is emulated on {cpu_name}, but its "
                    f"kernels measured {ratio:.2f}x float32's time")
   found = PolicyVerdict(
-      evidence, step_ms if evidence == "cost" else None, slow, ratio,
+      evidence, slow, ratio,
       worst["op"] if worst else None, worst["impl"] if worst else None,
       worst["ratio"] if worst else None, bool(worst and worst["reference"]), fastest,
       ratios[fastest], contradicts, ratios)

@@ -19,7 +19,7 @@ import pathlib
 import subprocess
 import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
 from mpt import files
 from mpt.machine import isa
@@ -167,11 +167,13 @@ def cache_path() -> pathlib.Path:
   return base.with_name(base.stem + "-kernels.json")
 
 
-def table(probe_if_missing: bool = True) -> tuple[dict[str, Any] | None, str | None]:
+def table(probe_if_missing: bool = True, missing: Callable[[], dict] | None = None
+          ) -> tuple[dict[str, Any] | None, str | None]:
   """(this machine's kernel table, a note on where it came from or what went wrong).
 
   $MPT_KERNELS first (a recorded table, or `none`: nothing measured, the CPU flags
-  decide), then the cache, then a fresh probe (cached)."""
+  decide), then the cache, then a fresh probe (cached); without a probe, what
+  `missing()` measures instead (not cached: it is not the whole table), or None."""
   stand_in = os.environ.get("MPT_KERNELS")
   if stand_in == "none":
     return None, None
@@ -191,7 +193,7 @@ def table(probe_if_missing: bool = True) -> tuple[dict[str, Any] | None, str | N
     except (OSError, ValueError):
       note = f"the kernel cache {path} is unreadable; measured again"
   if not probe_if_missing:
-    return None, note
+    return (missing() if missing else None), note
   fresh = probe()
   save(fresh)
   return fresh, note

@@ -14,8 +14,11 @@ point made the run: a script's run was told by its dataset "user" before) and a
 script's `program` record; version 5 dropped the copies of other records
 (`slow_path_warning`, `onednn`, `tf_enable_onednn_opts`, `microbench_gflops`: still
 read, as properties of the records they copied) and added `layer_policy` and
-`layer_costs`. Keys a newer mpt wrote and this one does not know are dropped on
-reading.
+`layer_costs`; version 6 writes each per-policy figure once, in `cost`: the
+verdict's ratios where it rests on the cost, and `--policy=auto`'s uniform
+candidates' times, are read back from it (`_from_cost`; before, they were copies and
+the verdict also copied each policy's ms as `step_ms`). Keys a newer mpt wrote and
+this one does not know are dropped on reading.
 """
 
 import dataclasses
@@ -32,9 +35,9 @@ from mpt.records.layers import LayerCosts
 from mpt.records.machine import Hardware, Utilisation
 from mpt.records.memory import MemoryPlan
 from mpt.records.program import Program
-from mpt.records.verdict import PolicyChoice, PolicyVerdict
+from mpt.records.verdict import Candidate, PolicyChoice, PolicyVerdict
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 STATUSES = ("completed", "interrupted", "diverged", "oom", "failed")
 # Two runs are the same configuration, apart from their policy and loop, when these
 # fields are equal: a float32 run so is the baseline of a 16-bit one (the diagnosis'
@@ -162,7 +165,17 @@ class RunSummary:
   schema_version: int = SCHEMA_VERSION
 
   def to_dict(self) -> dict[str, Any]:
-    return typed.to_dict(self)
+    """The file's content: each per-policy figure once, in `cost`."""
+    data = typed.to_dict(self)
+    if self.cost is not None:
+      verdict, choice = data.get("policy_verdict"), data.get("policy_choice")
+      if verdict and verdict["evidence"] == "cost":
+        verdict.pop("policy_ratios")
+      for row, candidate in zip((choice or {}).get("candidates", []),
+                                self.policy_choice.candidates if choice else []):
+        for name in Candidate.TIMED if candidate.from_cost else ():
+          row.pop(name)
+    return data
 
   def write(self, path: pathlib.Path) -> None:
     """Writes summary.json atomically (a reader never sees half a file)."""
@@ -173,7 +186,7 @@ class RunSummary:
                 unknown: list[str] | None = None) -> "RunSummary":
     """Any version's summary.json, as this version's record; `unknown` collects the
     keys it has no field for (mpt/records/typed.py)."""
-    return typed.from_dict(cls, upgrade(data), unknown)
+    return _from_cost(typed.from_dict(cls, upgrade(data), unknown))
 
   # Figures derived from the record, for every reader. Versions before 5 also wrote
   # the first three as copies (`upgrade` folds them into the records they copied).
@@ -248,12 +261,29 @@ def upgrade(data: dict[str, Any]) -> dict[str, Any]:
   return _fold_copies(data)
 
 
+def _from_cost(summary: RunSummary) -> RunSummary:
+  """The figures a version-6 file keeps in `cost` only, back where readers look:
+  the verdict's ratios (where it rests on the cost), the uniform candidates' times."""
+  cost, verdict, choice = summary.cost, summary.policy_verdict, summary.policy_choice
+  if cost is None:
+    return summary
+  if verdict and verdict.evidence == "cost" and not verdict.policy_ratios:
+    verdict.policy_ratios = cost.ratios()
+  base = cost.predicted().get("float32")
+  for candidate in choice.candidates if choice else []:
+    row = cost.of(candidate.policy)
+    if candidate.from_cost and row and candidate.ms_per_step is None:
+      candidate.timed_by(row, base)
+  return summary
+
+
 def _fold_copies(data: dict[str, Any]) -> dict[str, Any]:
   """Versions 1-4 wrote copies beside the records they copied: folded back in (a copy
   a file was edited through wins, as the reader of that version would have read it).
   The warning is dropped: it was the verdict's text, or (before version 3) the flags'
   warning no reader of this version reads."""
   data.pop("slow_path_warning", None)
+  (data.get("policy_verdict") or {}).pop("step_ms", None)  # Cost's, copied (1-5).
   state, env = data.pop("onednn", None), data.pop("tf_enable_onednn_opts", None)
   if state in ("on", "off") or env is not None:
     choice = dict(data.get("onednn_choice") or {"tf_default": None, "env": None})

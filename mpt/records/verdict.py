@@ -21,8 +21,6 @@ class PolicyVerdict:
   """The measured verdict on a run's policy here (fields in the order the file has
   always had them)."""
   evidence: str = "flags"  # cost | probe | flags
-  # Each policy's predicted ms/step, when the verdict rests on the timed step.
-  step_ms: dict[str, float] | None = None
   slow: bool = False  # The policy measured >= fastpath.SLOW times float32's time.
   ratio: float | None = None  # Its time over float32's (None: only the flags spoke).
   # The op whose 16-bit kernel is slowest against float32's, from the kernel table.
@@ -33,6 +31,8 @@ class PolicyVerdict:
   fastest: str | None = None  # The policy measured fastest, or the flags' advice.
   fastest_ratio: float | None = None
   contradicts: str | None = None  # Where the measurement and the CPU flags disagree.
+  # Each policy's time over float32's: the kernel table's (evidence "probe"), or the
+  # step cost's (evidence "cost": summary.json keeps those in `cost` only).
   policy_ratios: dict[str, float] = dataclasses.field(default_factory=dict)
   text: str | None = None  # The one-line warning printed before step 1, or None.
   source: str | None = None  # Where the table or timing came from.
@@ -53,9 +53,15 @@ class PolicyVerdict:
     return MEASURED.get(self.evidence, "flags")
 
 
+BESIDE = "timed beside the plan"  # A uniform policy timed again next to a plan.
+
+
 @dataclasses.dataclass
 class Candidate:
-  """One policy `--policy=auto` considered."""
+  """One policy `--policy=auto` considered. A uniform policy's times are its row of
+  the step's cost (summary.json keeps them in `cost` only); a per-layer plan's, and
+  its policy's timed BESIDE it, are the choice's own measurement."""
+  TIMED = ("first_ms", "ms_per_step", "finite", "predicted_ms", "vs_float32")
   policy: str
   first_ms: float | None = None  # Its first step (None: not timed).
   ms_per_step: float | None = None  # Median of the timed steps, or the prediction.
@@ -68,6 +74,20 @@ class Candidate:
   tensor_cores: float | None = None
   cuda_cores_layers: list[str] = dataclasses.field(default_factory=list)
   layer_policy: str = ""  # A per-layer plan over `policy` ("": the uniform policy).
+
+  @property
+  def from_cost(self) -> bool:
+    """Whether its times are its row of the step's cost (not the choice's own)."""
+    return not self.layer_policy and self.dropped != BESIDE
+
+  def timed_by(self, row, base_ms: float | None) -> "Candidate":
+    """Its times from its row of a measurement (mpt/records/cost.py PolicyCost),
+    against float32's ms/step `base_ms`."""
+    ms = row.ms_per_step
+    self.first_ms, self.ms_per_step, self.finite = row.first_ms, ms, row.finite
+    self.predicted_ms = ms if row.predicted else None
+    self.vs_float32 = base_ms / ms if base_ms and ms else None
+    return self
 
 
 @dataclasses.dataclass

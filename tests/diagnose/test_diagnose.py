@@ -760,3 +760,18 @@ def test_a_float32_run_with_16_bit_layers_is_diagnosed_as_the_16_bit_run_it_is(
   assert (found is not None) == (sixteen is not None)
   if found:
     assert any(e.startswith("conv1 (Conv2D, 3->32)") for e in found.evidence)
+
+
+@pytest.mark.parametrize("layer_policy, scaled", [
+    ("conv.*=mixed_float16", True), ("", False), ("conv.*=mixed_bfloat16", False)])
+def test_a_float32_run_with_float16_layers_scales_its_loss_to_the_detectors_too(
+    runs, layer_policy, scaled):
+  """--policy=float32 with convolutions in float16 scales its loss (config.scales_loss,
+  as the run's optimizer did): a collapsed scale is float16's trouble, whose next step
+  is the overflowing layer, not the learning rate alone."""
+  ev = evidence(runs, "bf16_seed", policy="float32", layer_policy=layer_policy,
+                steps=40, skipped_steps=30, loss_scale=1e-4)
+  found = detectors.DETECTORS["loss_scale"](ev)
+  assert found.severity == ("high" if scaled else "medium")
+  assert found.next_step.startswith("find the layer that overflows") == scaled
+  assert (ev.summary.sixteen is not None) == bool(layer_policy)

@@ -20,7 +20,10 @@ from mpt.records.program import Fit, OptimizerRecord, Program
 from mpt.records.machine import Hardware, Stat, Utilisation
 from mpt.records.memory import Estimate, Line, MemoryPlan
 from mpt.records.summary import RunSummary
-from mpt.records.verdict import Candidate, PolicyChoice, PolicyVerdict
+from mpt.machine import fastpath
+from mpt.records.cost import Cost, PolicyCost
+from mpt.records.verdict import BESIDE, Candidate, PolicyChoice, PolicyVerdict
+from mpt.train.before_step1 import autopolicy
 
 from helpers import DATA
 
@@ -62,8 +65,8 @@ def full_summary() -> RunSummary:
   est = Estimate("mixed_float16", 32, 700.0, 4.0, 4.0, 8.0, 2.0, 1.5, 0.05, True)
   return RunSummary(
       status="completed", policy="mixed_float16", ms_per_step=12.5,
-      policy_verdict=PolicyVerdict("cost", {"float32": 10.0, "mixed_float16": 12.5},
-                                   False, 1.25, fastest="float32", fastest_ratio=1.0,
+      policy_verdict=PolicyVerdict("cost", False, 1.25, fastest="float32",
+                                   fastest_ratio=1.0,
                                    policy_ratios={"float32": 1.0, "mixed_float16": 1.25}),
       policy_choice=PolicyChoice("auto", "float32", 3, [
           Candidate("float32", 20.0, 10.0, vs_float32=1.0),
@@ -94,7 +97,7 @@ def test_a_whole_summary_survives_the_file_unchanged(tmp_path):
   s = full_summary()
   s.write(tmp_path / "summary.json")
   written = json.loads((tmp_path / "summary.json").read_text())
-  assert written["schema_version"] == summary_lib.SCHEMA_VERSION == 5
+  assert written["schema_version"] == summary_lib.SCHEMA_VERSION == 6
   # No copies of other records: each fact once.
   assert not {"slow_path_warning", "onednn", "tf_enable_onednn_opts",
               "microbench_gflops"} & set(written)
@@ -104,6 +107,39 @@ def test_a_whole_summary_survives_the_file_unchanged(tmp_path):
   unknown = []
   assert RunSummary.from_dict(written, unknown) == s and unknown == []
   assert summary_lib.read(tmp_path / "summary.json").gpu_caps == [(8, 0)]
+
+
+def test_each_per_policy_figure_is_written_once_in_the_cost_and_read_back(tmp_path):
+  """The verdict's ratios and auto's uniform candidates' times are the cost's: the
+  file holds them once (in `cost`), the reader puts them back; a plan's own
+  side-by-side times stay the choice's."""
+  cost = Cost({"cpu": "x"}, True, 32, policies=[
+      PolicyCost("float32", 10.0, 40.0, 20.0, steps_timed=2),
+      PolicyCost("mixed_float16", 12.5, 60.0, 30.0, steps_timed=2),
+      PolicyCost("mixed_bfloat16", ms_per_step=80.0, predicted=True, stopped="p")])
+  choice = autopolicy.choose(cost)[2]
+  choice.candidates.append(Candidate("float32", 41.0, 9.0, dropped=BESIDE))
+  s = RunSummary(status="completed", policy="mixed_float16", cost=cost,
+                 policy_verdict=fastpath.verdict("mixed_float16", None, ["conv"], set(),
+                                                 [], "x", cost.predicted()),
+                 policy_choice=choice)
+  s.write(tmp_path / "summary.json")
+  text = (tmp_path / "summary.json").read_text()
+  written = json.loads(text)
+  assert written["policy_verdict"]["evidence"] == "cost"
+  assert "policy_ratios" not in written["policy_verdict"]
+  assert [sorted(set(Candidate.TIMED) & set(c)) for c in
+          written["policy_choice"]["candidates"]] == [[], [], [], sorted(Candidate.TIMED)]
+  assert text.count("12.5") == 1 and text.count("80.0") == 1  # In `cost` only.
+  back = summary_lib.read(tmp_path / "summary.json")
+  assert back == s
+  # Independent of mpt's arithmetic: the ratios and times as the rows give them.
+  assert back.policy_verdict.policy_ratios == {
+      "float32": 1.0, "mixed_float16": 1.25, "mixed_bfloat16": 8.0}
+  assert [(c.policy, c.ms_per_step, c.vs_float32, c.predicted_ms)
+          for c in back.policy_choice.candidates] == [
+      ("float32", 10.0, 1.0, None), ("mixed_bfloat16", 80.0, 0.125, 80.0),
+      ("mixed_float16", 12.5, 0.8, None), ("float32", 9.0, None, None)]
 
 
 def test_a_renamed_key_is_left_over_not_read_as_none():

@@ -41,7 +41,7 @@ def hardware(ev: Evidence) -> Finding | None:
   if not found:
     return None
   reason, better = found
-  half = SIXTEEN[s.policy]
+  half = SIXTEEN[s.sixteen]
   evidence = [reason, words.baseline_line(ev)]
   based_on = (["sibling runs"] if ev.baseline else []) + [
       "compute capability" if caps else "flags"]
@@ -171,7 +171,7 @@ def opportunity(ev: Evidence) -> Finding | None:
   evidence = [words.ratios_line(k) + f": {best} takes {x(1 / gain)} of {s.policy}'s "
               f"time", line]
   based_on = [k.basis] + (["trace"] if traced else [])
-  found = ev.slowdown() if s.policy in SIXTEEN else None
+  found = ev.slowdown() if s.sixteen else None
   loss = found[0] if found and found[1] == "sibling runs" else None
   if loss:
     evidence.append(words.baseline_line(ev))

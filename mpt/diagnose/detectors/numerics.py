@@ -10,6 +10,7 @@ own (a float32 softmax under a mixed policy) is judged in the dtype it computes 
 """
 
 
+from mpt import config
 from mpt.diagnose.evidence import Evidence
 from mpt.diagnose.findings import Finding
 from mpt.diagnose.thresholds import (BF16_ERROR, SCALE_HEADROOM, SCALE_FALL,
@@ -24,10 +25,9 @@ def _rows(ev: Evidence) -> list[Worst]:
 
 
 def _under(ev: Evidence, dtype: str, rows: list[Worst]) -> tuple[list[Worst], bool]:
-  """(the rows that compute, or would compute, in `dtype`; whether the run's own
-  policy computes in it)."""
-  policy = ev.summary.policy
-  own = {"mixed_float16": "float16", "mixed_bfloat16": "bfloat16"}.get(policy)
+  """(the rows that compute, or would compute, in `dtype`; whether the run itself
+  computes in it, its policy or its --layer_policy)."""
+  own = config.POLICY_DTYPE.get(ev.summary.sixteen or "")  # A --layer_policy's too.
   if own == dtype:
     return [r for r in rows if r.dtype == dtype], True
   return [r for r in rows if not r.pinned or r.dtype == dtype], False
@@ -109,7 +109,7 @@ def loss_scale_room(ev: Evidence) -> Finding | None:
   its first sample, or sits SCALE_HEADROOM-fold or more below the largest scale its
   gradients allow while some of them underflow at it."""
   s, n = ev.summary, ev.numerics
-  if s.policy != "mixed_float16" or not n or n.loss_scale != "dynamic":
+  if not config.scales_loss(s) or not n or n.loss_scale != "dynamic":
     return None  # A fixed scale's trouble is gradient_underflow's.
   scales = [x.loss_scale for x in n.samples if x.loss_scale]
   rows = _rows(ev)

@@ -3,6 +3,7 @@
 the measured peak.
 """
 
+from mpt import config
 from mpt.diagnose.evidence import Evidence
 from mpt.diagnose.findings import Finding
 from mpt.diagnose.thresholds import (MEMORY_DISAGREEMENT, MIN_SCALE, SETTLING_SKIPS,
@@ -14,7 +15,8 @@ def loss_scale(ev: Evidence) -> Finding | None:
   steps, skipped, scale = s.steps or 0, s.skipped_steps or 0, s.loss_scale
   excess = max(0, skipped - SETTLING_SKIPS)
   diverged = s.status == "diverged"
-  low = scale is not None and scale < MIN_SCALE and s.policy == "mixed_float16"
+  scaled = config.scales_loss(s)  # Some layer computes in float16.
+  low = scale is not None and scale < MIN_SCALE and scaled
   if not (diverged or low or (steps and excess / steps >= SKIPPED_SHARE)):
     return None
   evidence = [f"{skipped} of {steps} steps skipped for non-finite gradients, "
@@ -24,7 +26,7 @@ def loss_scale(ev: Evidence) -> Finding | None:
     evidence.append(f"final loss scale {scale:g}")
   if diverged:
     evidence.append(s.message or "the run stopped as diverged")
-  if s.policy == "mixed_float16":
+  if scaled:
     step = ("find the layer that overflows (--mode=inspect), keep it in float32; or "
             "a fixed --loss_scale, or a lower --learning_rate")
   else:

@@ -26,7 +26,7 @@ from mpt.machine import gpu_table
 from mpt.records.cost import Cost, PolicyCost
 from mpt.records.gpu import GpuKernelTable
 from mpt.records.layers import Plan
-from mpt.records.verdict import Candidate, PolicyChoice
+from mpt.records.verdict import BESIDE, Candidate, PolicyChoice
 from mpt.records import cost as cost_records
 from mpt.train.before_step1 import cost as cost_lib
 
@@ -36,10 +36,9 @@ MARGIN = 0.05  # A plan must measure this much faster than the best uniform poli
 PlanTimer = Callable[[Plan], tuple[PolicyCost | None, PolicyCost | None]]
 
 
-def _candidate(row: PolicyCost) -> Candidate:
-  return Candidate(row.policy, row.first_ms, row.ms_per_step, row.finite,
-                   row.stopped, row.ms_per_step if row.predicted else None,
-                   layer_policy=row.layer_policy)
+def _candidate(row: PolicyCost, base_ms: float | None) -> Candidate:
+  return Candidate(row.policy, dropped=row.stopped,
+                   layer_policy=row.layer_policy).timed_by(row, base_ms)
 
 
 def _kernels(rows: list[Candidate], kernels: GpuKernelTable | None) -> None:
@@ -55,8 +54,8 @@ def _kernels(rows: list[Candidate], kernels: GpuKernelTable | None) -> None:
       r.cuda_cores_layers = missed[1]
 
 
-def _plan(best: Candidate, plan: Plan | None, time_plan: PlanTimer | None
-          ) -> tuple[list[Candidate], str, str]:
+def _plan(best: Candidate, plan: Plan | None, time_plan: PlanTimer | None,
+          base_ms: float | None) -> tuple[list[Candidate], str, str]:
   """(the plan's rows, the plan adopted or "", why) against the best uniform policy."""
   if plan is None or time_plan is None:
     return [], "", "no per-layer cost here: no plan considered"
@@ -67,9 +66,10 @@ def _plan(best: Candidate, plan: Plan | None, time_plan: PlanTimer | None
   mine, theirs = time_plan(plan)
   if not mine or not mine.ms_per_step or not theirs or not theirs.ms_per_step:
     why = (mine.stopped if mine else None) or "not timed"
-    return [_candidate(mine)] if mine else [], "", f"the plan could not be timed: {why}"
-  rows = [_candidate(theirs), _candidate(mine)]
-  rows[0].dropped = "timed beside the plan"
+    return ([_candidate(mine, base_ms)] if mine else [], "",
+            f"the plan could not be timed: {why}")
+  rows = [_candidate(theirs, base_ms), _candidate(mine, base_ms)]
+  rows[0].dropped = BESIDE
   gain = 1 - mine.ms_per_step / theirs.ms_per_step
   said = (f"{plan.layer_policy()} over {plan.policy} measured {gain:+.0%} against "
           f"{theirs.policy} ({mine.ms_per_step:,.1f} vs {theirs.ms_per_step:,.1f} ms, "
@@ -92,7 +92,8 @@ def choose(cost: Cost | None, plan_for: Callable[[str], Plan | None] | None = No
     return "float32", "", PolicyChoice(
         "auto", "float32", 0, [], seconds,
         note="nothing measured here: float32 kept, a guess, not a measurement")
-  rows = [_candidate(cost.of(p)) for p in CANDIDATES if cost.of(p)]
+  base = cost.predicted().get("float32")
+  rows = [_candidate(cost.of(p), base) for p in CANDIDATES if cost.of(p)]
   for r in rows:
     r.dropped = r.dropped or (unsafe or {}).get(r.policy)
   usable = [r for r in rows if r.ms_per_step and r.finite and not r.dropped]
@@ -101,11 +102,8 @@ def choose(cost: Cost | None, plan_for: Callable[[str], Plan | None] | None = No
                                        note="no policy's step could be timed: float32 kept")
   best = min(usable, key=lambda r: r.ms_per_step)
   extra, layer_policy, note = _plan(best, plan_for(best.policy) if plan_for else None,
-                                    time_plan)
+                                    time_plan, base)
   rows += extra
-  base = cost.predicted().get("float32")
-  for r in rows:
-    r.vs_float32 = base / r.ms_per_step if base and r.ms_per_step else None
   _kernels(rows, cost.gpu_kernels)
   timed = max((cost.of(p).steps_timed for p in CANDIDATES if cost.of(p)), default=0)
   return best.policy, layer_policy, PolicyChoice(

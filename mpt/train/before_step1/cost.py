@@ -18,7 +18,9 @@ float32 warmed up), or where its next timed step would pass the budget (second c
 and timed steps: two of float32's steps and BUDGET_S more). A policy whose ops the machine's cached kernel table
 measured PATHOLOGICAL times float32's is not run unless it is the run's own: its step
 is float32's by that ratio (a mixed_float16 step of the seed convnet takes 13-17 s on
-a Sapphire Rapids; the table knows). A per-layer plan (--layer_policy, or the one
+a Sapphire Rapids; the table knows). Where no table is cached, the model's
+weight-gradient kernels are timed in this process instead (mpt/measure/gradkernels.py,
+~0.1-1.5 s): a fresh machine learns that from one kernel call, not from a step. A per-layer plan (--layer_policy, or the one
 `--policy=auto` weighs) is a row of its own, and so is a run with XLA's step without
 it (XLA measured 12-29x slower on a CPU).
 
@@ -48,6 +50,7 @@ from mpt import errors
 from mpt.machine import fastpath
 from mpt.machine import isa
 from mpt.machine import kernels
+from mpt.measure import gradkernels
 from mpt.measure import policies
 from mpt.records import cost as cost_lib
 from mpt.records import keyed
@@ -72,6 +75,7 @@ Clock = Callable[[], float]
 Key = tuple  # (policy, layer_policy, jit_compile or None)
 # A candidate traced: (its step run once, returning ms; its row).
 Make = Callable[[Key], tuple[Callable[[], float], PolicyCost]]
+Table = Callable[[list[str]], dict | None]  # Op families -> a kernel table, or None.
 
 
 def _images(cfg: config.Config, batch: int) -> tuple[tf.Tensor, tf.Tensor]:
@@ -119,10 +123,21 @@ def timer(run: Callable[[], Any], row: PolicyCost, clock: Clock) -> Callable[[],
   return timed
 
 
-def pathological(table: dict | None, model: keras.Model) -> dict[str, float]:
-  """fastpath.pathological for this model's layer classes."""
-  return fastpath.pathological(
-      table, fastpath.families_of(precision.layer_classes(model)))
+def kernel_table(families) -> dict | None:
+  """The kernel table every measurement before step 1 reads: $MPT_KERNELS or the
+  machine's cached table; on a CPU with neither, the weight-gradient kernels of
+  `families` timed here (mpt/measure/gradkernels.py). None on a GPU: its table comes
+  from each policy's step profiled (gpu_steps.py)."""
+  if tf.config.list_logical_devices("GPU"):
+    return None
+  return kernels.table(probe_if_missing=False,
+                       missing=lambda: gradkernels.table(families))[0]
+
+
+def pathological(model: keras.Model, table: Table = kernel_table) -> dict[str, float]:
+  """fastpath.pathological for this model's layer classes, from `table(families)`."""
+  families = fastpath.families_of(precision.layer_classes(model))
+  return fastpath.pathological(table(families), families)
 
 
 def _stop(row: PolicyCost, f32: PolicyCost | None) -> bool:
@@ -148,13 +163,13 @@ def _estimate(row: PolicyCost, f32: PolicyCost) -> float:
 def measure(cfg: config.Config, build: Callable[[], keras.Model],
             policies=cost_lib.POLICIES, clock: Clock = time.perf_counter,
             base: PolicyCost | None = None, gpu: bool | None = None,
-            plans: tuple[tuple[str, str], ...] = (), table: dict | None = None
+            plans: tuple[tuple[str, str], ...] = (), table: Table = kernel_table
             ) -> Cost:
   """Times the model's step under `policies` and the per-layer `plans` ((policy,
   layer_policy) pairs) in this process, over one model built once under float32
   (`time_candidates`). `base`: float32's row from an earlier measurement, not timed
-  again. `table`: the machine's kernel table; a policy it marks pathological is
-  predicted from it, not run, unless it is the run's own. `gpu`: profile each
+  again. `table(families)`: the machine's kernel table (`kernel_table`); a policy it
+  marks pathological is predicted from it, not run, unless it is the run's own. `gpu`: profile each
   policy's step into the kernel table (default: where TF sees a GPU)."""
   batch = cost_lib.device_batch(cfg)
   onednn = keras_fit.onednn_rewrite_on()
@@ -177,7 +192,7 @@ def measure(cfg: config.Config, build: Callable[[], keras.Model],
   make = stepper(cfg, model, batch, clock)
   steps: dict = {}
   found.policies = time_candidates([F32] + order, _remembering(make, steps),
-                                   pathological(table, model), cfg.policy, base, clock)
+                                   pathological(model, table), cfg.policy, base, clock)
   if gpu if gpu is not None else tf.config.list_logical_devices("GPU"):
     ran = {k[0]: steps[k] for k, row in zip([F32] + order, found.policies)
            if k in steps and not k[1] and k[2] is None
@@ -304,14 +319,12 @@ def stand_in() -> tuple[bool, Cost | None, str | None]:
 
 
 def for_run(cfg: config.Config, build: Callable[[], keras.Model], planned_steps: int,
-            fits: Callable[[], str | None] = lambda: None,
-            table: Callable[[], dict | None] = lambda: None
+            fits: Callable[[], str | None] = lambda: None
             ) -> tuple[Cost | None, str | None]:
   """(this model's cost here, a note when there is none or where it came from).
   `build()` makes the model without --layer_policy's plan (timed as a row of its
   own); `fits()` says why the step at the run's batch would not fit in memory (the
-  measurement is then skipped: the run's memory preflight says the rest); `table()`:
-  the machine's kernel table (a pathological policy is predicted from it)."""
+  measurement is then skipped: the run's memory preflight says the rest)."""
   standing, found, note = stand_in()
   if standing:
     return found, note
@@ -335,8 +348,7 @@ def for_run(cfg: config.Config, build: Callable[[], keras.Model], planned_steps:
   missing = [k for k in want if not have(k)]
   fresh = measure(cfg, build, [p for p, plan, jit in missing if not plan and jit is None],
                   base=cached.of("float32") if have(F32) else None,
-                  plans=tuple(k for k in missing if k[1] or k[2] is not None),
-                  table=table())
+                  plans=tuple(k for k in missing if k[1] or k[2] is not None))
   if cached:  # The oneDNN choice measured some policies already: keep them.
     fresh.policies = [cached.of(*k) if have(k) else fresh.of(*k) for k in want]
     fresh.seconds = round(cached.seconds + fresh.seconds, 2)
@@ -349,8 +361,7 @@ def main(argv: list[str]) -> int:
   flagfile, out, policies = argv[1], argv[2], argv[3].split(",")
   cfg = config.from_flagfile(pathlib.Path(flagfile).read_text())
   plain = dataclasses.replace(cfg, layer_policy="")  # A plan is a row of its own.
-  found = measure(cfg, lambda: model_lib.build_model(plain, 10), policies,
-                  table=kernels.table(probe_if_missing=False)[0])
+  found = measure(cfg, lambda: model_lib.build_model(plain, 10), policies)
   cost_lib.write(pathlib.Path(out), found)
   return 0
 

@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from mpt import config
 from mpt.machine import isa
-from mpt.machine import kernels
+from mpt.machine import fastpath
 from mpt.measure import layercost
 from mpt.measure import observe
 from mpt.records import cost as cost_lib
@@ -25,6 +25,7 @@ from mpt.records import keyed
 from mpt.records import layers as layers_lib
 from mpt.records.cost import Cost
 from mpt.records.layers import LayerCosts
+from mpt.train.before_step1 import cost as timing
 from mpt.train.common import keras_fit
 from mpt.train.common import precision
 
@@ -39,13 +40,18 @@ def key(cfg: config.Config) -> dict:
 def measure(cfg: config.Config, model: keras.Model) -> LayerCosts:
   """Every layer of `model` (the run's) timed under each policy here, cached."""
   x = observe.sample_input(model, 2, cfg.seed)
-  table, _ = kernels.table(probe_if_missing=False)
+  table = timing.kernel_table(families(model))
   found = layercost.measure(
       model, x, cost_lib.device_batch(cfg), key(cfg),
       lambda p: precision.make_optimizer(p, cfg.learning_rate, cfg.loss_scale),
       jit=cfg.jit_compile, table=table)
   layers_lib.save(found)
   return found
+
+
+def families(model: keras.Model) -> list[str]:
+  """The op families of `model`'s layers (the kernel table's rows it reads)."""
+  return fastpath.families_of(precision.layer_classes(model))
 
 
 def stand_in() -> tuple[bool, LayerCosts | None]:

@@ -29,7 +29,6 @@ import tensorflow as tf
 
 from mpt import speech
 from mpt.machine import isa
-from mpt.machine import kernels
 from mpt.measure import layercost
 from mpt.measure import numerics
 from mpt.measure import observe
@@ -124,7 +123,7 @@ def _state(model: keras.Model) -> list:
 
 
 def measure(model: keras.Model, batch: tuple, loss: tuple[Loss, str], optimizer,
-            own: str, jit: bool = False, table: dict | None = None,
+            own: str, jit: bool = False, table: timing.Table = timing.kernel_table,
             clock: timing.Clock = time.perf_counter) -> Cost:
   """The script's step timed under each policy on `batch` with `loss` ((the loss,
   what it is): `loss_of`), the model left as it was (`own`: the script's policy,
@@ -139,14 +138,13 @@ def measure(model: keras.Model, batch: tuple, loss: tuple[Loss, str], optimizer,
     found.policies = timing.time_candidates(
         [(p, "", None) for p in cost_lib.POLICIES], stepper(model, batch, loss, optimizer,
                                                              jit, clock),
-        timing.pathological(table, model), own, clock=clock)
+        timing.pathological(model, table), own, clock=clock)
   found.seconds = round(clock() - start, 2)
   return found
 
 
 def for_script(model: keras.Model, batch: tuple, fit: bool, optimizer, own: str,
-               planned_steps: int | None, jit: bool = False,
-               table: Callable[[], dict | None] = lambda: None
+               planned_steps: int | None, jit: bool = False
                ) -> tuple[Cost | None, str | None]:
   """(the script's step cost per policy, or None; a note where it is not measured):
   the cache, a skip for a run known to be shorter than the measurement, or measured."""
@@ -160,7 +158,7 @@ def for_script(model: keras.Model, batch: tuple, fit: bool, optimizer, own: str,
   if planned_steps is not None and planned_steps < cost_lib.MIN_RUN_STEPS:
     return None, (f"the step's cost per policy was not measured: this run's "
                   f"{planned_steps} steps cost about what measuring them would")
-  found = measure(model, batch, (loss, what), optimizer, own, jit, table())
+  found = measure(model, batch, (loss, what), optimizer, own, jit)
   cost_lib.save(found)
   return found, None
 
@@ -194,8 +192,7 @@ def before_training(folder) -> None:
       else None
   own = folder.policy_name()
   found, note = for_script(model, batch, fit, optimizer, own, planned,
-                           bool(getattr(model, "jit_compile", False)) if fit else False,
-                           lambda: kernels.table(probe_if_missing=False)[0])
+                           bool(getattr(model, "jit_compile", False)) if fit else False)
   if note:
     folder.not_measured["cost"] = note
     print(f"mpt: note: {note}", flush=True)
@@ -227,7 +224,7 @@ def _layers(folder, model: keras.Model, x, optimizer, own: str, cost: Cost):
   found = layers_lib.said(lambda: recorded if standing else (
       layer_records.cached(cost.key) or layercost.measure(
           model, two, cost.batch, cost.key, lambda p: _fresh_optimizer(optimizer, p),
-          table=kernels.table(probe_if_missing=False)[0])), own, cost)
+          table=timing.kernel_table(layers_lib.families(model)))), own, cost)
   if found is None:
     return None
   if found.source == "measured":

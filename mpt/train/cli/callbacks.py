@@ -123,8 +123,8 @@ def _texts(run: Run) -> dict[str, str]:
   texts = {"run/flags": "```\n" + config.to_flagfile(run.cfg) + "```",
            "precision/policy": precision.describe(run.policy),
            "run/strategy": run.dist.describe()}
-  if run.policy_choice:
-    texts["precision/policy_choice"] = autopolicy.format_table(run.policy_choice, True)
+  if run.before.choice:
+    texts["precision/policy_choice"] = autopolicy.format_table(run.before.choice, True)
   if run.report:
     texts["inspect/dtypes"] = dtypes_lib.format_table(run.report, markdown=True)
   return texts

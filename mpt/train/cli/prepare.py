@@ -1,17 +1,16 @@
 """Everything a training run does before its first step: `prepare(cfg)` -> `Run`.
 
-In order: the checks that can fail on bad input before any work (UserError), the
-tf.distribute strategy (mpt/train/cli/distribute.py, before TF's runtime starts), the
-seeds, the data, TF's oneDNN rewrite and this model's step cost per policy
-(mpt/train/before_step1/cost.py), `--policy=auto`'s choice, the precision policy, the run folder
+It reads as the run happens: the checks that can fail on bad input before any work
+(UserError), the tf.distribute strategy (distribute.py, before TF's runtime starts),
+the seeds and the data; then what the run learns before step 1, made once by
+mpt/train/before_step1/measure.py (the oneDNN rewrite, the step's cost per policy,
+--policy=auto's choice: one `BeforeStep1`); then the precision policy, the run folder
 (`flags.txt`; a non-chief worker's scratch folder), the model and optimizer under the
-strategy's scope, the speed verdict on the policy, the dtype report and the memory
-preflight (mpt/train/before_step1/preflight.py), the checkpoint restored with `--resume`, and the
-utilisation sampler.
+strategy's scope, the verdict on the policy over that model, the dtype report and the
+memory preflight, the checkpoint restored with `--resume`, and the sampler.
 
-`Run` is the one object the rest of the run reads: the callbacks
-(mpt/train/cli/callbacks.py), the loop and the ending (mpt/train/cli/run.py), and
-summary.json (mpt/train/cli/record.py).
+`Run` is the one object the rest of the run reads: the callbacks (callbacks.py), the
+loop and the ending (run.py), and summary.json (record.py).
 """
 
 import dataclasses
@@ -33,31 +32,19 @@ from mpt import models
 from mpt import speech
 from mpt import supervisor
 from mpt.errors import UserError
-from mpt.machine import gpu_table
-from mpt.machine import kernels
 from mpt.measure import dtypes as dtypes_lib
 from mpt.measure import memory
 from mpt.measure import policies
 from mpt.measure import profiler
 from mpt.measure import sampler as sampler_lib
-from mpt.records import cost as cost_records
 from mpt.records import rundir
-from mpt.records.cost import Cost, OnednnChoice
-from mpt.records import layers as layer_records
-from mpt.records.layers import LayerCosts
 from mpt.records.memory import MemoryPlan
-from mpt.records.verdict import PolicyChoice, PolicyVerdict
-from mpt.train.before_step1 import autopolicy
 from mpt.train.cli import checkpoint
-from mpt.train.before_step1 import cost as cost_lib
 from mpt.train.cli import data as data_lib
 from mpt.train.cli import distribute
-from mpt.train.common import keras_fit
-from mpt.train.before_step1 import layers as layers_lib
-from mpt.train.common import numerics as numerics_lib
-from mpt.train.before_step1 import onednn_choice
 from mpt.train.common import precision
 from mpt.train.before_step1 import preflight
+from mpt.train.before_step1.measure import BeforeStep1, before_step1
 from mpt.train.common.model import build_model
 
 
@@ -80,14 +67,10 @@ class Run:
   started: float  # time.perf_counter() when the run began.
   window: tuple[int, int] | None  # --profile_steps (None: no profile, or not chief).
   fault_window: tuple[int, int] | None  # --fault_steps.
-  verdict: PolicyVerdict | None  # precision.check_speed's (summary.json's `policy_verdict`).
   report: dict[str, Any] | None  # The dtype inspection (None: --noinstrument).
   memory: MemoryPlan | None  # The preflight's plan (preflight.for_run).
   sampler: sampler_lib.Sampler | None  # The chief's, with --instrument.
-  policy_choice: PolicyChoice | None  # --policy=auto's record.
-  cost: Cost | None  # This model's step per policy (mpt/train/before_step1/cost.py).
-  layer_costs: LayerCosts | None  # Its layers per policy (mpt/train/before_step1/layers.py).
-  onednn: OnednnChoice  # TF's oneDNN rewrite, and why.
+  before: BeforeStep1  # What was learnt before step 1 (mpt/train/before_step1/).
 
   def wall_s(self) -> float:
     """The run's wall time so far, its attempts before a resume included."""
@@ -119,12 +102,8 @@ def prepare(cfg: config.Config) -> Run:
     cfg = resume_config(cfg)
   dist, fault_window = _start(cfg)
   data = _load_data(cfg)
-  onednn, cost = _before_step_one(cfg, data, dist)
-  # flags.txt records the rewrite's state the run trains with, so that --resume and a
-  # replayed flags.txt run under it (runs that differ in it are not the same config).
-  cfg = dataclasses.replace(cfg, onednn=onednn.label() if onednn.on is not None
-                            else cfg.onednn)
-  cfg, choice, per_layer = _choose_policy(cfg, data, dist, cost)
+  before = before_step1(cfg, data, dist.workers)
+  cfg = before.cfg
   policy = precision.set_policy(cfg.policy)
   print(precision.describe(policy), flush=True)
   window = profiler.parse_window(cfg.profile_steps, cfg.warmup_steps,
@@ -142,11 +121,9 @@ def prepare(cfg: config.Config) -> Run:
                                          scaled=config.scales_loss(cfg))
     optimizer.build(model.trainable_variables)  # Its slots must exist to be restored.
   if cfg.layer_policy and dist.is_chief:  # The plan in the form a script applies.
-    _write_plan(cfg, model, out_dir, choice is not None)
-  verdict = precision.check_speed(cfg.policy, precision.layer_classes(model), cost)
-  if choice is None and dist.is_chief and dist.workers == 1:
-    per_layer = layers_lib.said(lambda: layers_lib.for_run(
-        cfg, model, cost, cfg.epochs * data.steps_per_epoch), cfg.policy, cost)
+    _write_plan(cfg, model, out_dir, before.choice is not None)
+  before.with_model(model, cfg.epochs * data.steps_per_epoch,
+                    alone=dist.is_chief and dist.workers == 1)
   inspected, mem = _inspect(cfg, model, dist, run_dir)
   ckpt = checkpoint.Checkpointer(run_dir, model, optimizer, cfg.keep_checkpoints,
                                  write_dir=out_dir)
@@ -161,9 +138,8 @@ def prepare(cfg: config.Config) -> Run:
   return Run(cfg=cfg, dist=dist, data=data, policy=policy, run_dir=run_dir,
              out_dir=out_dir, model=model, optimizer=optimizer, ckpt=ckpt,
              start_step=start_step, prior=prior, started=started, window=window,
-             fault_window=fault_window, verdict=verdict, report=report, memory=mem,
-             sampler=sampler, policy_choice=choice, cost=cost, layer_costs=per_layer,
-             onednn=onednn)
+             fault_window=fault_window, report=report, memory=mem, sampler=sampler,
+             before=before)
 
 
 def _write_plan(cfg: config.Config, model: keras.Model, out_dir: pathlib.Path,
@@ -208,64 +184,6 @@ def _load_data(cfg: config.Config) -> data_lib.Data:
   logging.info("data: %s, %d train / %d val images, %d classes, %d skipped", data.source,
                data.n_train, data.n_val, len(data.class_names), len(data.skipped_files))
   return data
-
-
-def _before_step_one(cfg: config.Config, data: data_lib.Data, dist: distribute.Setup):
-  """(TF's oneDNN rewrite here and why, this model's step cost per policy or None),
-  each said in one line."""
-  onednn = onednn_choice.current(keras_fit.onednn_rewrite_on())
-  if dist.workers > 1:
-    print("mpt: note: the step's cost per policy was not measured: each worker of a "
-          "cluster would measure on its own", flush=True)
-    return onednn, None
-  plain = dataclasses.replace(cfg, layer_policy="")  # The plan is a row of its own.
-  build = lambda: build_model(plain, len(data.class_names))
-  # The machine's cached kernel table (the probe runs only to explain a slowdown):
-  # a policy it marks pathological is predicted, not run for seconds a step.
-  table = lambda: (None if tf.config.list_logical_devices("GPU")
-                   else kernels.table(probe_if_missing=False)[0])
-  steps = cfg.epochs * data.steps_per_epoch  # --policy=auto needs it measured.
-  steps = max(steps, cost_lib.MIN_RUN_STEPS) if cfg.policy == "auto" else steps
-  found, note = cost_lib.for_run(cfg, build, steps,
-                                 fits=lambda: preflight.will_not_fit(cfg, build),
-                                 table=table)
-  keras.utils.set_random_seed(cfg.seed)  # The run starts as a fresh one would.
-  if note:
-    print(f"mpt: note: {note}", flush=True)
-  if found:
-    print(cost_records.one_line(found, onednn.short()), flush=True)
-    if found.gpu_kernels is not None:
-      print(gpu_table.one_line(found.gpu_kernels), flush=True)
-    elif found.gpu_kernels_note:
-      print(f"mpt: note: {found.gpu_kernels_note}", flush=True)
-  return onednn, found
-
-
-def _choose_policy(cfg: config.Config, data: data_lib.Data, dist: distribute.Setup,
-                   cost: Cost | None):
-  """With --policy=auto: (the config with the policy and plan measured fastest here
-  among those its numerics allow; the choice's record; the per-layer cost it read);
-  otherwise (cfg, None, None)."""
-  if cfg.policy != "auto":
-    return cfg, None, None
-  start, plan, timer, per_layer = time.perf_counter(), None, None, None
-  if cost is not None:
-    build = lambda: build_model(cfg, len(data.class_names))
-    per_layer = layers_lib.said(lambda: layers_lib.read_or_measure(cfg, build()),
-                                "float32", cost)
-    plan = (lambda best: layer_records.best_plan(per_layer, best)) if per_layer else None
-    timer = lambda p: autopolicy.time_plan(cfg, build, p)
-  precision.set_policy("float32")  # Its numerics: every layer that would be 16-bit.
-  unsafe = numerics_lib.unsafe(cfg, build_model(cfg, len(data.class_names)), data)
-  measured = cost.seconds if cost and cost.source == "measured" else 0.0  # Not cached.
-  chosen, layer_policy, choice = autopolicy.choose(
-      cost, plan, timer, measured + time.perf_counter() - start, unsafe)
-  plan_words = f" with --layer_policy={layer_policy}" if layer_policy else ""
-  print(f"mpt: --policy=auto: {chosen}{plan_words} was fastest here\n"
-        f"{autopolicy.format_table(choice)}", flush=True)
-  cfg = dataclasses.replace(cfg, policy=chosen, layer_policy=layer_policy)
-  keras.utils.set_random_seed(cfg.seed)  # The run starts as a fresh one would.
-  return cfg, choice, per_layer
 
 
 def _folders(cfg: config.Config,

@@ -9,9 +9,7 @@ user's own `model.fit` is summarised by too are common/figures.py's.
 """
 
 import dataclasses
-from typing import Any
 
-import keras
 import tensorflow as tf
 
 from mpt.machine import hardware
@@ -19,10 +17,8 @@ from mpt.machine import rates
 from mpt.measure import instrument
 from mpt.measure import memory
 from mpt.records.memory import MemoryPlan
-from mpt.records import summary as summary_lib
 from mpt.records.summary import RunSummary
 from mpt.train.common import figures as figures_lib
-from mpt.train.common import precision
 from mpt.train.cli.prepare import Run
 
 
@@ -74,9 +70,10 @@ def build(run: Run, timer: instrument.StepTimer, status: str,
       data_wait_share=found["step_time_ms"]["data_wait_share"] if cfg.instrument
       else None,
       wall_s=round(wall_s, 3),
-      policy_verdict=run.verdict, policy_choice=run.policy_choice, cost=run.cost,
-      layer_costs=run.layer_costs,
-      onednn_choice=run.onednn,
+      policy_verdict=run.before.verdict, policy_choice=run.before.choice,
+      cost=run.before.cost,
+      layer_costs=run.before.layer_costs,
+      onednn_choice=run.before.onednn,
       memory=_memory(run.memory),
       flops_share_16bit=run.report["flops_share_16bit"] if run.report else None,
       microbench_gflops_by_dtype=by_dtype,

@@ -32,6 +32,7 @@ from typing import Any
 import tensorflow as tf
 
 from mpt import config
+from mpt import errors
 from mpt import injection
 from mpt.measure import memory
 from mpt.records.rundir import AfterRun
@@ -105,7 +106,7 @@ def _ending(e: BaseException, run: Run, cbs: RunCallbacks) -> tuple[str, str | N
                         f"(resume with --resume={run.run_dir})")
   if isinstance(e, (tf.errors.UnavailableError, tf.errors.DeadlineExceededError)):
     if run.dist.workers < 2:  # No cluster to lose: a failure.
-      return "failed", f"{type(e).__name__}: {e}".strip()[:2000]
+      return errors.ended(e)
     return "interrupted", _lost_worker(e, run, done)
   if isinstance(e, tf.errors.ResourceExhaustedError):  # An allocation TF can't make.
     first = (str(e).strip().splitlines() or [""])[0][:300]
@@ -113,8 +114,7 @@ def _ending(e: BaseException, run: Run, cbs: RunCallbacks) -> tuple[str, str | N
                    f"{memory.human(run.memory.estimate.total_mb)} with "
                    f"{memory.human(run.memory.available_mb)} available (a smaller "
                    "--batch_size or a 16-bit --policy needs less)")
-  # Failed: summary.json keeps why; the traceback follows.
-  return "failed", f"{type(e).__name__}: {e}".strip().rstrip(":")[:2000]
+  return errors.ended(e)  # Failed: summary.json keeps why; the traceback follows.
 
 
 def _lost_worker(e: tf.errors.OpError, run: Run, done: int) -> str:

@@ -16,6 +16,7 @@ from mpt.machine import fastpath
 from mpt.machine import isa
 from mpt.measure import policies
 from mpt.records import cost as cost_lib
+from mpt.records import summary as summary_lib
 from mpt.records.cost import Cost, PolicyCost
 from mpt.train.before_step1 import cost
 from mpt.train.common import model
@@ -127,7 +128,7 @@ def test_a_policy_the_kernel_table_marks_pathological_is_predicted_not_run(
   monkeypatch.setattr(cost.steps_lib, "Steps", clock.counting(cost.steps_lib.Steps))
   cfg = tiny_cfg(policy=policy)
   found = cost.measure(cfg, build(cfg), list(cost_lib.POLICIES), clock=clock,
-                       table=table)
+                       table=lambda families: table)
   ratio = fastpath.policy_ratios(table, ["conv", "batchnorm", "matmul"])["mixed_float16"]
   assert ratio >= cost.PATHOLOGICAL  # What the recording says, checked here.
   f16 = found.of("mixed_float16")
@@ -140,6 +141,37 @@ def test_a_policy_the_kernel_table_marks_pathological_is_predicted_not_run(
     assert clock.calls["mixed_float16"] == 1 and not f16.predicted
   assert found.of("mixed_bfloat16").ms_per_step == 5.0 and not found.of(
       "mixed_bfloat16").predicted
+
+
+def test_a_fresh_machine_learns_a_pathological_kernel_from_one_call_not_a_step(
+    tmp_path, monkeypatch):
+  """No kernel table cached and none standing in: the model's weight-gradient
+  kernels are timed in-process (here: Sapphire Rapids' recorded times for them), so
+  mixed_float16's step is predicted and never run; with MPT_KERNELS=none (nothing
+  measured, by request) nothing is timed and the step runs."""
+  recorded = json.loads(SPR_TABLE.read_text())["rows"]
+  asked = []
+
+  def spr_kernels(families):
+    asked.append(sorted(families))
+    ops = {"Conv2DBackpropFilter", "MatMul/grad_weights"}
+    return {"rows": [r for r in recorded if r["op"] in ops]}
+
+  monkeypatch.setattr(cost.gradkernels, "table", spr_kernels)
+  monkeypatch.setenv("MPT_CACHE", str(tmp_path))  # No table cached.
+  monkeypatch.delenv("MPT_KERNELS")
+  cfg, steps_class = tiny_cfg(), cost.steps_lib.Steps
+  for stand_in, runs in ((None, False), ("none", True)):
+    if stand_in:
+      monkeypatch.setenv("MPT_KERNELS", stand_in)
+    clock = ScriptedCalls({"float32": [40.0, 20.0, 10.0, 10.0],
+                           "mixed_bfloat16": [30.0, 15.0, 5.0, 5.0],
+                           "mixed_float16": [4000.0, 900.0]})
+    monkeypatch.setattr(cost.steps_lib, "Steps", clock.counting(steps_class))
+    found = cost.measure(cfg, build(cfg), list(cost_lib.POLICIES), clock=clock)
+    assert ("mixed_float16" in clock.calls) == runs
+    assert found.of("mixed_float16").predicted == (not runs)
+  assert asked == [["batchnorm", "conv", "matmul"]]  # The model's families, once.
 
 
 def test_a_per_layer_plan_is_timed_as_a_row_of_its_own(monkeypatch):
@@ -313,7 +345,7 @@ def test_auto_reads_the_one_measurement_and_times_nothing_more(tmp_path):
   run = next(p for p in (tmp_path / "logs").iterdir() if p.is_dir())
   summary = json.loads((run / "summary.json").read_text())
   assert summary["policy"] == "float32"
-  choice = summary["policy_choice"]
+  choice = dataclasses.asdict(summary_lib.read(run / "summary.json").policy_choice)
   assert [(c["policy"], c["ms_per_step"]) for c in choice["candidates"]] == [
       ("float32", 200.0), ("mixed_bfloat16", 2400.0), ("mixed_float16", 740.0)]
   assert choice["steps_timed"] == 0 and choice["layer_policy"] == ""
