@@ -22,7 +22,7 @@ from typing import Any
 from mpt.diagnose import evidence
 from mpt.diagnose import findings as words
 from mpt.diagnose.findings import Finding, rank
-from mpt.diagnose.thresholds import HIGH_LOSS, SLOWER_THAN_FLOAT32
+from mpt.diagnose.thresholds import HIGH_LOSS, SCALING, SLOWER_THAN_FLOAT32
 from mpt.machine.hardware import SIXTEEN
 from mpt.records import cells as cells_lib
 from mpt.records import spread
@@ -31,7 +31,6 @@ from mpt.records.cells import Cell
 from mpt.records.machine import Hardware
 from mpt.records.verdict import PolicyVerdict
 
-SCALING = 0.5  # step-time growth / batch growth below this: overhead dominates
 
 
 def cell_dir(folder: pathlib.Path, cell: Cell) -> pathlib.Path | None:

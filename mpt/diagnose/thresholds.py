@@ -1,5 +1,7 @@
 """The diagnosis' thresholds, in one place: each finding prints its own next to it, and
-tests/diagnose/test_diagnose.py checks that docs/diagnosis.md states them as they are.
+DOC_WORDS says how docs/diagnosis.md's table of findings states each one
+(tests/diagnose/test_diagnose.py checks the page says them as they are). A new
+detector's cut-off and its words go here.
 """
 
 from mpt.machine import fastpath
@@ -53,3 +55,54 @@ HOST_GAP_SHARE = 0.25        # of step time in host gaps (Python, I/O: xprof's "
                              # GPU's busy and input-wait shares
 BIG_BOUND = 1.5              # mixed_float16's step bound from which Tensor Cores left
                              # unused is a high finding
+SCALING = 0.5                # a sweep's step-time growth / batch growth below this:
+                             # per-step overhead dominates (mpt/diagnose/sweep.py)
+
+# How docs/diagnosis.md's table of findings states each cut-off: {the finding's row
+# (its first cell): the words that row must hold}.
+DOC_WORDS = {
+    "input bound": [f">= {INPUT_WAIT_SHARE:.0%}",
+                    f"high from {2 * INPUT_WAIT_SHARE:.0%}"],
+    "idle device / overhead": [f"< {UTILISATION:.0%}",
+                               f"data wait < {INPUT_WAIT_SHARE:.0%}",
+                               f"< {SMALL_STEP_MS:g} ms"],
+    "shared machine": [f">= {OTHERS_SHARE:.0%}"],
+    "misaligned shapes": [f">= {MISALIGNED_SHARE:.0%}"],
+    "32-bit work": [f">= {FLOAT32_FLOP_SHARE:.0%} of forward FLOPs",
+                    f">= {FLOAT32_TIME_SHARE:.0%} of traced time"],
+    "loss-scale trouble": [f"beyond the first {SETTLING_SKIPS} >= "
+                           f"{SKIPPED_SHARE:.0%}", f"loss scale < {MIN_SCALE:g}"],
+    "far below the matmul rate": [f"< {ACHIEVED_VS_MICROBENCH:.0%}"],
+    "memory estimate": [f"more than {MEMORY_DISAGREEMENT:.0%}"],
+    "step time vs batch (sweeps)": ["less than half" if SCALING == 0.5
+                                    else f"{SCALING}"],
+    "slow kernel": [f">= {SLOW_KERNELS:g}x float32's time",
+                    f"high (and ranked first) from {HIGH_LOSS:g}x",
+                    "--policy=<the policy measured fastest>"],
+    "faster policy measured": [f">= {OPPORTUNITY:g}x faster"],
+    "no fast 16-bit path": ["only when no kernel probe was recorded",
+                            f"measured >= {HIGH_LOSS:g}x float32's time"],
+    "no speed-up": [f"high from {HIGH_LOSS:g}x",
+                    f"without one and >= {HIGH_LOSS:g}x slower, the policy the "
+                    "evidence favours"],
+    "oneDNN setting": [f">= {1 + ONEDNN_MARGIN:g}x slower than the other",
+                       f"high from {HIGH_LOSS:g}x"],
+    "BatchNorm cost": [f">= {BATCHNORM_TIME_SHARE:.0%} of traced time",
+                       "--batchnorm=fused"],
+    "GPU idle": [f"< {UTILISATION:.0%} of the step",
+                 f"input wait >= {INPUT_WAIT_SHARE:.0%}",
+                 f"host gaps (xprof's \"All others\") >= {HOST_GAP_SHARE:.0%}",
+                 f"input wait >= {2 * INPUT_WAIT_SHARE:.0%}"],
+    "Tensor Cores unused": [f"16-bit kernels < {SIXTEEN_BIT_RUN:.0%}",
+                            f">= {ELIGIBLE_SHARE:.0%} of kernel time in eligible",
+                            f"high from a {BIG_BOUND:g}x step bound"],
+    "Tensor Cores missed": [f">= {MISSED_TENSOR_CORES:.0%} of kernel time"],
+    "memory-bound GPU ops": [f">= {MEMORY_BOUND_SHARE:.0%} of kernel time",
+                             f"transposes >= {TRANSPOSE_SHARE:.0%}"],
+    "Cast ops (CPU capture)": [f">= {FLOAT32_TIME_SHARE:.0%} of traced op time"],
+    "gradient underflow": [f">= {UNDERFLOW_SHARE:.0%} of a layer's nonzero",
+                           f">= {UNDERFLOW_SHARE:.0%} of their summed magnitude"],
+    "loss scale room": [f">= {SCALE_FALL:g}x after warm-up",
+                        f">= {SCALE_HEADROOM:g}x below"],
+    "bfloat16 error": [f"moves >= {BF16_ERROR:.0%}"],
+}

@@ -565,56 +565,9 @@ def test_sweep_step_time_that_barely_grows_with_the_batch(ms_at_64, fires):
 def docs_mismatches(text: str) -> list[tuple[str, str]]:
   """(finding, words) of each threshold the table of findings in docs/diagnosis.md
   does not state as the code has it."""
-  d = thresholds
   rows = {line.split("|")[1].strip(): line for line in text.splitlines()
           if line.startswith("| ")}
-  expected = {
-      "input bound": [f">= {d.INPUT_WAIT_SHARE:.0%}",
-                      f"high from {2 * d.INPUT_WAIT_SHARE:.0%}"],
-      "idle device / overhead": [f"< {d.UTILISATION:.0%}",
-                                 f"data wait < {d.INPUT_WAIT_SHARE:.0%}",
-                                 f"< {d.SMALL_STEP_MS:g} ms"],
-      "shared machine": [f">= {d.OTHERS_SHARE:.0%}"],
-      "misaligned shapes": [f">= {d.MISALIGNED_SHARE:.0%}"],
-      "32-bit work": [f">= {d.FLOAT32_FLOP_SHARE:.0%} of forward FLOPs",
-                      f">= {d.FLOAT32_TIME_SHARE:.0%} of traced time"],
-      "loss-scale trouble": [f"beyond the first {d.SETTLING_SKIPS} >= "
-                             f"{d.SKIPPED_SHARE:.0%}", f"loss scale < {d.MIN_SCALE:g}"],
-      "far below the matmul rate": [f"< {d.ACHIEVED_VS_MICROBENCH:.0%}"],
-      "memory estimate": [f"more than {d.MEMORY_DISAGREEMENT:.0%}"],
-      "step time vs batch (sweeps)": ["less than half" if diagnose_sweep.SCALING == 0.5
-                                      else f"{diagnose_sweep.SCALING}"],
-      "slow kernel": [f">= {d.SLOW_KERNELS:g}x float32's time",
-                      f"high (and ranked first) from {d.HIGH_LOSS:g}x",
-                      "--policy=<the policy measured fastest>"],
-      "faster policy measured": [f">= {d.OPPORTUNITY:g}x faster"],
-      "no fast 16-bit path": ["only when no kernel probe was recorded",
-                              f"measured >= {d.HIGH_LOSS:g}x float32's time"],
-      "no speed-up": [f"high from {d.HIGH_LOSS:g}x",
-                      f"without one and >= {d.HIGH_LOSS:g}x slower, the policy the "
-                      "evidence favours"],
-      "oneDNN setting": [f">= {1 + d.ONEDNN_MARGIN:g}x slower than the other",
-                         f"high from {d.HIGH_LOSS:g}x"],
-      "BatchNorm cost": [f">= {d.BATCHNORM_TIME_SHARE:.0%} of traced time",
-                         "--batchnorm=fused"],
-      "GPU idle": [f"< {d.UTILISATION:.0%} of the step",
-                   f"input wait >= {d.INPUT_WAIT_SHARE:.0%}",
-                   f"host gaps (xprof's \"All others\") >= {d.HOST_GAP_SHARE:.0%}",
-                   f"input wait >= {2 * d.INPUT_WAIT_SHARE:.0%}"],
-      "Tensor Cores unused": [f"16-bit kernels < {d.SIXTEEN_BIT_RUN:.0%}",
-                              f">= {d.ELIGIBLE_SHARE:.0%} of kernel time in eligible",
-                              f"high from a {d.BIG_BOUND:g}x step bound"],
-      "Tensor Cores missed": [f">= {d.MISSED_TENSOR_CORES:.0%} of kernel time"],
-      "memory-bound GPU ops": [f">= {d.MEMORY_BOUND_SHARE:.0%} of kernel time",
-                               f"transposes >= {d.TRANSPOSE_SHARE:.0%}"],
-      "Cast ops (CPU capture)": [f">= {d.FLOAT32_TIME_SHARE:.0%} of traced op time"],
-      "gradient underflow": [f">= {d.UNDERFLOW_SHARE:.0%} of a layer's nonzero",
-                             f">= {d.UNDERFLOW_SHARE:.0%} of their summed magnitude"],
-      "loss scale room": [f">= {d.SCALE_FALL:g}x after warm-up",
-                          f">= {d.SCALE_HEADROOM:g}x below"],
-      "bfloat16 error": [f"moves >= {d.BF16_ERROR:.0%}"],
-  }
-  return [(finding, w) for finding, words in expected.items() for w in words
+  return [(finding, w) for finding, words in thresholds.DOC_WORDS.items() for w in words
           if w not in rows.get(finding, "")]
 
 

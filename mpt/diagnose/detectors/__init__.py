@@ -15,8 +15,10 @@ runs, in what order, and which finding supersedes which.
   gpu.py        a GPU capture's kernels: Tensor Cores used or not, the bound on
                 mixed_float16's gain, memory-bound ops, a GPU waiting on the host
 
-No detector calls another: when one finding explains what another would report, the
-other is not run (`SUPERSEDED_BY`), and each detector runs once per diagnosis. Pure
+Each rule registers itself in its module (registry.py: `@detector(name, needs=...,
+superseded_by=...)`). No detector calls another: when one finding explains what
+another would report, the other is not run (`SUPERSEDED_BY`), and each detector
+runs once per diagnosis. Pure
 functions over plain data: no TensorFlow here, so the detectors are tested on
 recorded run folders and on their threshold edges (tests/diagnose/).
 """
@@ -24,8 +26,10 @@ recorded run folders and on their threshold edges (tests/diagnose/).
 import functools
 from typing import Callable
 
-from mpt.diagnose.detectors import gpu, kernels, layers, precision, shapes, speed
-from mpt.diagnose.detectors import numerics, timing
+# The modules in the order the diagnosis lists their checks; each registers its rules.
+from mpt.diagnose.detectors import kernels, layers, precision, numerics  # noqa: F401
+from mpt.diagnose.detectors import timing, shapes, speed, gpu  # noqa: F401
+from mpt.diagnose.detectors.registry import DETECTORS, NEEDS, SUPERSEDED_BY
 from mpt.diagnose.evidence import Evidence
 from mpt.diagnose.findings import Finding
 from mpt.diagnose.gpu_evidence import GpuEvidence
@@ -40,52 +44,19 @@ def _on_gpu(rule: Callable[[GpuEvidence], Finding | None]):
   return detect
 
 
-# In the order the diagnosis lists what it checked.
-DETECTORS: dict[str, Callable[[Evidence], Finding | None]] = {
-    "slow_kernel": kernels.slow_kernel, "hardware": kernels.hardware,
-    "opportunity": kernels.opportunity, "slow_layers": layers.slow_layers,
-    "loss_scale": precision.loss_scale,
-    "loss_never_scaled": precision.loss_never_scaled,
-    "f16_overflow": numerics.f16_overflow,
-    "gradient_underflow": numerics.gradient_underflow,
-    "loss_scale_room": numerics.loss_scale_room, "bf16_error": numerics.bf16_error,
-    "metrics_spread": numerics.metrics_spread,
-    "input_bound": timing.input_bound, "low_utilisation": timing.low_utilisation,
-    "shared_machine": timing.shared_machine, "misaligned": shapes.misaligned,
-    "float32_work": shapes.float32_work, "batchnorm_cost": shapes.batchnorm_cost,
-    "no_speedup": speed.no_speedup, "achieved_rate": timing.achieved_rate,
-    "tf32": kernels.tf32, "memory_estimate": precision.memory_estimate,
-    "onednn": speed.onednn, "xla": speed.xla,
-    # A GPU run's capture (Evidence.gpu); a profile folder runs gpu.RULES itself.
-    **{name: _on_gpu(rule) for name, rule in gpu.RULES.items()},
-}
-# A detector is not run when one of these found something: that finding already
-# explains the run (the slow kernel gives the faster policy's advice; a 16-bit run
-# slower than float32 is explained by its kernels or the device).
-SUPERSEDED_BY = {
-    "opportunity": ("slow_kernel",),
-    "no_speedup": ("hardware", "slow_kernel", "opportunity"),
-    # The capture's kernels say what the compute capability and the sampler guess.
-    "hardware": ("no_tensor_cores", "tensor_cores_missed"),
-    "low_utilisation": ("gpu_idle",),
-}
-# Detectors that need a file the run may lack (a --noinstrument run has no dtypes, a
-# CPU run no GPU capture).
-NEEDS = {"slow_layers": "layer cost", "xla": "xla measured", "misaligned": "dtypes.json", "float32_work": "dtypes.json",
-         "batchnorm_cost": "dtypes.json", "loss_never_scaled": "program",
-         **{name: "numerics.json" for name in ("f16_overflow", "gradient_underflow",
-                                               "loss_scale_room", "bf16_error")},
-         "metrics_spread": "float32 seeds",
-         **{name: "gpu trace" for name in gpu.RULES}}
-_HAS = {"dtypes.json": lambda ev: ev.dtypes is not None,
-        "layer cost": lambda ev: ev.summary.layer_costs is not None,
-        "xla measured": lambda ev: speed.xla_steps(ev) is not None,
-        "program": lambda ev: ev.summary.program is not None,
-        "numerics.json": lambda ev: ev.numerics is not None,
-        "float32 seeds": lambda ev: (ev.summary.policy != "float32" and
-                                     len(spread.by_seed(ev.float32_runs)) >=
-                                     spread.MIN_SEEDS),
-        "gpu trace": lambda ev: ev.gpu is not None}
+# A GPU run's capture (Evidence.gpu); a profile folder runs gpu.RULES itself.
+for _name, _rule in gpu.RULES.items():
+  DETECTORS[_name], NEEDS[_name] = _on_gpu(_rule), "gpu trace"
+# What each need of NEEDS asks of the evidence.
+HAS = {"dtypes.json": lambda ev: ev.dtypes is not None,
+       "layer cost": lambda ev: ev.summary.layer_costs is not None,
+       "xla measured": lambda ev: speed.xla_steps(ev) is not None,
+       "program": lambda ev: ev.summary.program is not None,
+       "numerics.json": lambda ev: ev.numerics is not None,
+       "float32 seeds": lambda ev: (ev.summary.policy != "float32" and
+                                    len(spread.by_seed(ev.float32_runs)) >=
+                                    spread.MIN_SEEDS),
+       "gpu trace": lambda ev: ev.gpu is not None}
 
 
 def _order() -> list[str]:
@@ -108,7 +79,7 @@ def run(ev: Evidence) -> tuple[list[Finding], list[str]]:
   superseded check counts as clear, a check without its file is left out."""
   results: dict[str, Finding | None] = {}
   for name in _order():
-    if name in NEEDS and not _HAS[NEEDS[name]](ev):
+    if name in NEEDS and not HAS[NEEDS[name]](ev):
       continue
     superseded = any(results.get(first) for first in SUPERSEDED_BY.get(name, ()))
     results[name] = None if superseded else DETECTORS[name](ev)

@@ -9,6 +9,7 @@ and `opportunity` say which op runs slow and which policy is measured fastest, a
 
 from mpt.diagnose import findings as words
 from mpt.diagnose import opstats
+from mpt.diagnose.detectors.registry import detector
 from mpt.diagnose.evidence import Evidence
 from mpt.diagnose.findings import Finding, x
 from mpt.diagnose.thresholds import HIGH_LOSS, OPPORTUNITY, SLOW_KERNELS
@@ -33,6 +34,7 @@ def _better_step(better: str, half: str, gpu: bool) -> str:
           ">= 8.0 for bfloat16)")
 
 
+@detector("hardware", superseded_by=("no_tensor_cores", "tensor_cores_missed"))
 def hardware(ev: Evidence) -> Finding | None:
   """No fast 16-bit path for the policy on this device, by the CPU flags or the GPU's
   compute capability: only when nothing measured the policy's speed."""
@@ -107,6 +109,7 @@ def _slow_evidence(ev: Evidence, k: PolicyVerdict, loss: float, by: str,
   return evidence
 
 
+@detector("slow_kernel")
 def slow_kernel(ev: Evidence) -> Finding | None:
   """A measurement put this 16-bit policy's step or ops >= SLOW_KERNELS times
   float32's here: names the worst op, its kernel and its share of the trace, and
@@ -152,6 +155,7 @@ def _expected(ev: Evidence, k: PolicyVerdict, gain: float, best: str):
                 f"take the step's time (--profile_steps=A,B shows their share)"), False
 
 
+@detector("opportunity", superseded_by=("slow_kernel",))
 def opportunity(ev: Evidence) -> Finding | None:
   """Another policy measured >= OPPORTUNITY times faster than this run's for this
   model here (float32 runs included); superseded by `slow_kernel`, which gives the
@@ -194,6 +198,7 @@ def opportunity(ev: Evidence) -> Finding | None:
       ev.rerun(best), based_on, loss)
 
 
+@detector("tf32")
 def tf32(ev: Evidence) -> Finding | None:
   """float32 on Ampere or newer runs matmuls as TF32: the baseline is not plain FP32."""
   caps, hw = ev.summary.gpu_caps, ev.summary.hardware

@@ -3,6 +3,7 @@ mpt/measure/layercost.py): the layer classes that make a 16-bit policy slower he
 whether or not a profile was taken, and the per-layer plan that keeps them apart.
 """
 
+from mpt.diagnose.detectors.registry import detector
 from mpt.diagnose.evidence import Evidence
 from mpt.diagnose.findings import Finding, x
 from mpt.diagnose.thresholds import SLOWER_THAN_FLOAT32
@@ -11,6 +12,7 @@ from mpt.records import layers as layers_lib
 AT_STAKE = 0.05  # The slow classes' extra time, as a share of the step, to say it.
 
 
+@detector("slow_layers", needs="layer cost")
 def slow_layers(ev: Evidence) -> Finding | None:
   """Layer classes measured slower under the run's 16-bit policy than under float32,
   holding at least AT_STAKE of the step; the next step is the plan the per-layer

@@ -11,6 +11,7 @@ own (a float32 softmax under a mixed policy) is judged in the dtype it computes 
 
 
 from mpt import config
+from mpt.diagnose.detectors.registry import detector
 from mpt.diagnose.evidence import Evidence
 from mpt.diagnose.findings import Finding
 from mpt.diagnose.thresholds import (BF16_ERROR, SCALE_HEADROOM, SCALE_FALL,
@@ -50,6 +51,7 @@ def _named(rows: list[Worst], limit: int = 3) -> str:
   return ", ".join(names) + more
 
 
+@detector("f16_overflow", needs="numerics.json")
 def f16_overflow(ev: Evidence) -> Finding | None:
   """Layers whose outputs exceed float16's largest value (65504): under float16 they
   become inf, and the loss NaN."""
@@ -70,6 +72,7 @@ def f16_overflow(ev: Evidence) -> Finding | None:
       + "; or --policy=mixed_bfloat16 (safe under bfloat16)", ["numerics"])
 
 
+@detector("gradient_underflow", needs="numerics.json")
 def gradient_underflow(ev: Evidence) -> Finding | None:
   """Layers where UNDERFLOW_SHARE or more of the nonzero gradients flowing in, and of
   their summed magnitude, fall below float16's smallest subnormal (2^-24) at the loss
@@ -104,6 +107,7 @@ def gradient_underflow(ev: Evidence) -> Finding | None:
       "magnitude, below 2^-24 at the loss scale", evidence, step, ["numerics", "loss scale"])
 
 
+@detector("loss_scale_room", needs="numerics.json")
 def loss_scale_room(ev: Evidence) -> Finding | None:
   """A mixed_float16 run whose dynamic loss scale fell SCALE_FALL-fold or more after
   its first sample, or sits SCALE_HEADROOM-fold or more below the largest scale its
@@ -139,6 +143,7 @@ def loss_scale_room(ev: Evidence) -> Finding | None:
       "range the gradients allow", ["numerics", "loss scale"])
 
 
+@detector("bf16_error", needs="numerics.json")
 def bf16_error(ev: Evidence) -> Finding | None:
   """Layers that are, or feed, a reduction (a softmax, normalisation statistics, a
   long sum) whose output bfloat16 moves by BF16_ERROR or more."""
@@ -157,6 +162,7 @@ def bf16_error(ev: Evidence) -> Finding | None:
       evidence, _keep_float32(ev, [r.name for r in bad[:5]]), ["numerics"])
 
 
+@detector("metrics_spread", needs="float32 seeds")
 def metrics_spread(ev: Evidence) -> Finding | None:
   """A 16-bit run's final metrics outside float32's own spread over seeds (float32
   runs of the same configuration next to it)."""

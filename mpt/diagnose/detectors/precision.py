@@ -4,12 +4,14 @@ the measured peak.
 """
 
 from mpt import config
+from mpt.diagnose.detectors.registry import detector
 from mpt.diagnose.evidence import Evidence
 from mpt.diagnose.findings import Finding
 from mpt.diagnose.thresholds import (MEMORY_DISAGREEMENT, MIN_SCALE, SETTLING_SKIPS,
                                      SKIPPED_SHARE)
 
 
+@detector("loss_scale")
 def loss_scale(ev: Evidence) -> Finding | None:
   s = ev.summary
   steps, skipped, scale = s.steps or 0, s.skipped_steps or 0, s.loss_scale
@@ -38,6 +40,7 @@ def loss_scale(ev: Evidence) -> Finding | None:
                  f"loss", evidence, step, ["loss scale"])
 
 
+@detector("loss_never_scaled", needs="program")
 def loss_never_scaled(ev: Evidence) -> Finding | None:
   """A script's loss-scaling optimizer applied gradients whose loss it never scaled
   (its scale_loss() never called): each update is divided by the loss scale."""
@@ -58,6 +61,7 @@ def loss_never_scaled(ev: Evidence) -> Finding | None:
       "steps)", ["loss scale"])
 
 
+@detector("memory_estimate")
 def memory_estimate(ev: Evidence) -> Finding | None:
   """The preflight's memory estimate and the measured peak disagree by more than
   MEMORY_DISAGREEMENT: the largest-batch advice before the next run is that far off."""

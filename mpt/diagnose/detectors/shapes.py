@@ -3,6 +3,7 @@ FLOPs) beside the trace: shapes the 16-bit units cannot use well, work left in
 float32 under a 16-bit policy, and Keras' BatchNormalization layers' share of a step.
 """
 
+from mpt.diagnose.detectors.registry import detector
 from mpt.diagnose.evidence import Evidence
 from mpt.diagnose.findings import Finding
 from mpt.diagnose.thresholds import (BATCHNORM_TIME_SHARE, FLOAT32_FLOP_SHARE,
@@ -23,6 +24,7 @@ def _misaligned_step(ev: Evidence, shapes: bool, per_replica: int) -> str:
   return f"--batch_size={(per_replica // 8 + 1) * 8 * (s.replicas or 1)}"
 
 
+@detector("misaligned", needs="dtypes.json")
 def misaligned(ev: Evidence) -> Finding | None:
   s, d = ev.summary, ev.dtypes
   if not s.sixteen or not d:
@@ -52,6 +54,7 @@ def misaligned(ev: Evidence) -> Finding | None:
                  ["dtypes"] + (["trace"] if layer_time else []))
 
 
+@detector("float32_work", needs="dtypes.json")
 def float32_work(ev: Evidence) -> Finding | None:
   s, d, ops = ev.summary, ev.dtypes, ev.op_stats or {}
   if not s.sixteen or not d:
@@ -78,6 +81,7 @@ def float32_work(ev: Evidence) -> Finding | None:
                  ["dtypes"] + (["trace"] if ops else []))
 
 
+@detector("batchnorm_cost", needs="dtypes.json")
 def batchnorm_cost(ev: Evidence) -> Finding | None:
   """Keras' BatchNormalization is separate float32 ops and casts: on a CPU with fast
   16-bit kernels it can be half of a step, which TF's fused kernel mostly removes."""

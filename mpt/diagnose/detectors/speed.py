@@ -4,6 +4,7 @@ and a run that trained with the slower of TF's two oneDNN settings.
 """
 
 from mpt.diagnose import findings as words
+from mpt.diagnose.detectors.registry import detector
 from mpt.diagnose.evidence import Evidence
 from mpt.diagnose.findings import Finding, x
 from mpt.diagnose.thresholds import HIGH_LOSS, ONEDNN_MARGIN, SLOWER_THAN_FLOAT32
@@ -38,6 +39,8 @@ def favoured_policy(ev: Evidence) -> tuple[str, str] | None:
   return None
 
 
+@detector("no_speedup",
+          superseded_by=("hardware", "slow_kernel", "opportunity"))
 def no_speedup(ev: Evidence) -> Finding | None:
   """A 16-bit run measured slower than the float32 run next to it; superseded by the
   detectors that explain why (`hardware`, `slow_kernel`, `opportunity`). Without a
@@ -74,6 +77,7 @@ def no_speedup(ev: Evidence) -> Finding | None:
                  1 / speedup)
 
 
+@detector("onednn")
 def onednn(ev: Evidence) -> Finding | None:
   """The run trained with TF's oneDNN rewrite in the setting measured slower for its
   policy (summary.json `onednn_choice`: both settings measured before step 1)."""
@@ -109,6 +113,7 @@ def xla_steps(ev: Evidence) -> tuple[float, float] | None:
   return own.ms_per_step, other.ms_per_step
 
 
+@detector("xla", needs="xla measured")
 def xla(ev: Evidence) -> Finding | None:
   """The run trained with XLA (--jit_compile), whose step measured >= 1 + XLA_MARGIN
   times the step without it here (oneDNN's kernels outside XLA on a CPU)."""

@@ -4,6 +4,7 @@ far below the one the microbenchmark measured here.
 """
 
 from mpt.diagnose import findings as words
+from mpt.diagnose.detectors.registry import detector
 from mpt.diagnose.evidence import Evidence
 from mpt.diagnose.findings import Finding
 from mpt.diagnose.thresholds import (ACHIEVED_VS_MICROBENCH, INPUT_WAIT_SHARE,
@@ -37,6 +38,7 @@ def _wait_lines(s, share: float) -> list[str]:
   return lines
 
 
+@detector("input_bound")
 def input_bound(ev: Evidence) -> Finding | None:
   s = ev.summary
   share = typical_wait(s)
@@ -63,6 +65,7 @@ def input_bound(ev: Evidence) -> Finding | None:
                  evidence, step, based_on)
 
 
+@detector("low_utilisation", superseded_by=("gpu_idle",))
 def low_utilisation(ev: Evidence) -> Finding | None:
   """The device idles while the input pipeline keeps up: per-step overhead (short
   steps) or ops that do not use the device fully (long steps)."""
@@ -93,6 +96,7 @@ def low_utilisation(ev: Evidence) -> Finding | None:
                  f"overhead", evidence, step, ["utilisation", "step timing"])
 
 
+@detector("shared_machine")
 def shared_machine(ev: Evidence) -> Finding | None:
   """Other processes used the CPU during the run: its timings are inflated."""
   s = ev.summary
@@ -110,6 +114,7 @@ def shared_machine(ev: Evidence) -> Finding | None:
       "cells run one after another, so check theirs too", ["utilisation"])
 
 
+@detector("achieved_rate")
 def achieved_rate(ev: Evidence) -> Finding | None:
   s = ev.summary
   ratio = s.achieved_vs_microbench
