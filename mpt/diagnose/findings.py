@@ -9,6 +9,7 @@ import dataclasses
 
 from mpt.diagnose.evidence import Evidence
 from mpt.diagnose.thresholds import HIGH_LOSS, SLOWER_THAN_FLOAT32
+from mpt.records.cost import times
 from mpt.records.verdict import PolicyVerdict
 
 SEVERITY = ("high", "medium", "low")
@@ -72,8 +73,9 @@ def loss_severity(loss: float | None, unmeasured: str = "high") -> str:
 
 
 def x(v: float) -> str:
-  """A ratio as "231x", "22.3x", "0.1x"."""
-  return f"{v:.3g}x"
+  """A ratio as every line mpt prints says it: "231x", "3.7x", "0.57x"
+  (mpt/records/cost.py `times`)."""
+  return times(v)
 
 
 def measured_by(k: PolicyVerdict) -> str:

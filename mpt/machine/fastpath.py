@@ -17,6 +17,7 @@ from mpt import config
 from mpt.machine import gpu_table
 from mpt.machine import hardware
 from mpt.machine import kernels
+from mpt.records.cost import times
 from mpt.records.verdict import PolicyVerdict
 
 POLICY_DTYPE = config.POLICY_DTYPE
@@ -103,20 +104,20 @@ def _warning(policy: str, found: PolicyVerdict, step_ms, worst, dtype: str) -> s
   """The one-line warning on a policy measured slow."""
   ratio, ratios, fastest = found.ratio, found.policy_ratios, found.fastest
   if found.evidence == "cost":
-    text = (f"{policy}: this model's step measured {ratio:.1f}x float32's time here "
+    text = (f"{policy}: this model's step measured {times(ratio)} float32's time here "
             f"(~{step_ms[policy]:,.0f} vs ~{step_ms['float32']:,.0f} ms/step)")
   else:  # The table's representative shapes, not this model's: a guess.
     text = (f"{policy}: the kernel table's representative shapes measured "
-            f"{ratio:.1f}x float32's time here (a guess about this model: its step "
+            f"{times(ratio)} float32's time here (a guess about this model: its step "
             "was not timed)")
   if worst:
     kernel = worst["impl"] + (" (oneDNN's reference kernel)" if worst["reference"]
                               else "")
     text += (f"; worst: {dtype} {worst['op']} runs {kernel}, "
-             f"{worst.get('ratio') or 0:.1f}x float32")
+             f"{times(worst.get('ratio') or 0)} float32")
   if fastest != policy:
     text += (f"; measured fastest here: --policy={fastest} "
-             f"({ratios[fastest]:.2f}x float32's time)")
+             f"({times(ratios[fastest])} float32's time)")
   return text
 
 
@@ -144,10 +145,10 @@ def verdict(policy: str, table: dict[str, Any] | None, families, flags: set[str]
   contradicts = None
   if slow and not by_flags and dtype != "float32":
     contradicts = (f"the CPU flags of {cpu_name} promise a fast {dtype} path, but "
-                   f"TensorFlow's kernels measured {ratio:.1f}x float32's time")
+                   f"TensorFlow's kernels measured {times(ratio)} float32's time")
   elif not slow and by_flags:
     contradicts = (f"the CPU flags say {dtype} is emulated on {cpu_name}, but its "
-                   f"kernels measured {ratio:.2f}x float32's time")
+                   f"kernels measured {times(ratio)} float32's time")
   found = PolicyVerdict(
       evidence, slow, ratio,
       worst["op"] if worst else None, worst["impl"] if worst else None,

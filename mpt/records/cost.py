@@ -129,9 +129,10 @@ class OnednnChoice:
 
 
 def times(ratio: float) -> str:
-  """A policy's time over float32's as every line before step 1 says it: "0.58x",
-  "3.7x", "231x" (one convention: above 1 is slower)."""
-  return f"{ratio:.2g}x" if ratio < 10 else f"{ratio:,.0f}x"
+  """A ratio as every line mpt prints says it, three significant digits: "0.567x",
+  "2x", "22.3x", "231x", "1,480x". A policy's ratio is its time over float32's (above
+  1 is slower); a speed-up says "faster" in its own words."""
+  return f"{ratio:.3g}x" if ratio < 1000 else f"{ratio:,.0f}x"
 
 
 def one_line(cost: Cost, onednn: str) -> str:

@@ -18,6 +18,7 @@ from typing import Any
 
 from mpt import config
 from mpt.records import keyed
+from mpt.records.cost import times
 from mpt.records import typed
 
 SCHEMA = 1
@@ -196,6 +197,6 @@ def describe_slow(costs: LayerCosts, policy: str, most: int = 3) -> str | None:
   dtype = POLICY_DTYPE[policy]
   parts = [f"{r['cls']}: {r['layers']} layer{'s' * (r['layers'] != 1)}, "
            + (f"{r['share']:.0%} of the {dtype} step, " if r["share"] else "")
-           + f"{r['ratio']:.1f}x their float32 time"
+           + f"{times(r['ratio'])} their float32 time"
            for r in slow_classes(costs, policy)[:most]]
   return "; ".join(parts) or None

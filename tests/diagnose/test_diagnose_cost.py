@@ -127,7 +127,7 @@ def test_the_layer_classes_that_make_bfloat16_slower_are_named_with_the_plan(spr
   assert slow["title"] == ("DepthwiseConv2D slower under mixed_bfloat16 here (3x "
                            "float32's time, 48% of the step)")
   assert slow["evidence"][0].endswith(
-      "DepthwiseConv2D: 2 layers, 48% of the bfloat16 step, 3.0x their float32 time")
+      "DepthwiseConv2D: 2 layers, 48% of the bfloat16 step, 3x their float32 time")
   assert slow["next_step"].endswith(
       "--policy=mixed_bfloat16 --layer_policy=DepthwiseConv2D=float32")
   assert slow["based_on"] == ["layer cost"]

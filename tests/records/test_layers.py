@@ -71,7 +71,7 @@ def test_the_slower_classes_are_named_with_their_share_and_ratio():
   assert slow[0]["ratio"] == pytest.approx(3.0)
   assert slow[0]["share"] == pytest.approx(12.0 / 25.101)
   assert layers.describe_slow(costs, BF16) == (
-      "DepthwiseConv2D: 2 layers, 48% of the bfloat16 step, 3.0x their float32 time")
+      "DepthwiseConv2D: 2 layers, 48% of the bfloat16 step, 3x their float32 time")
   assert layers.slow_classes(costs, F32) == []
 
 

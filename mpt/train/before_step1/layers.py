@@ -132,7 +132,8 @@ def format_table(found: LayerCosts, policy: str) -> str:
     cells = []
     for p in policies:
       ms, base = by[p][cls]["ms"], by["float32"][cls]["ms"]
-      ratio = f" ({ms / base:.3g}x)" if ms is not None and base and p != "float32" else ""
+      ratio = (f" ({cost_lib.times(ms / base)})" if ms is not None and base
+               and p != "float32" else "")
       cells.append("-" if ms is None else f"{ms:,.1f}{ratio}")
     lines.append(f"| {cls} | {by['float32'][cls]['layers']} | " + " | ".join(cells) + " |")
   sums = {p: found.predict(p) for p in policies}

@@ -298,7 +298,7 @@ def test_the_warning_fires_exactly_from_2x_the_measured_step(f16_ms, warned, tmp
   assert verdict.evidence == "cost" and verdict.slow is warned
   assert ("WARNING" in out) is warned
   if warned:
-    assert "this model's step measured 2.0x float32's time here (~400 vs ~200 " \
+    assert "this model's step measured 2x float32's time here (~400 vs ~200 " \
            "ms/step)" in out and "--policy=mixed_bfloat16" in out
     assert "Conv2DBackpropFilter" in out  # The kernel table still names the op.
 

@@ -91,7 +91,7 @@ def test_the_lines_say_the_sums_the_gap_to_the_step_and_the_slower_classes(capsy
                          "~27 ms (the step ~30, -10%), mixed_bfloat16 ~25 ms (the step "
                          "~24, +5%)")
   assert line.endswith("slower under mixed_bfloat16: DepthwiseConv2D: 2 layers, 48% of "
-                       "the bfloat16 step, 3.0x their float32 time")
+                       "the bfloat16 step, 3x their float32 time")
   table = layers.format_table(found, BF16)
   assert "| DepthwiseConv2D | 2 | 4.0 | 12.0 (3x) | 200.0 (50x) |" in table
   assert ("predicted fastest: --policy=mixed_bfloat16 --layer_policy="
