@@ -5,6 +5,8 @@ import dataclasses
 import json
 import math
 import pathlib
+import re
+import sys
 
 import keras
 import pytest
@@ -192,12 +194,7 @@ def test_float16_is_dropped_where_the_numerics_say_a_layer_would_overflow(tiny):
   from mpt.train.common.model import build_model
   cfg = tiny()
   data = data_lib.load(cfg)
-  x = keras.Input((16, 16, 3))
-  h = keras.layers.Conv2D(4, 3, activation="relu", name="conv")(x)
-  h = keras.layers.Rescaling(1e6, name="boost")(h)
-  h = keras.layers.Rescaling(1e-6, name="shrink")(h)  # Reads boost; in range itself.
-  h = keras.layers.GlobalAveragePooling2D(name="gap")(h)
-  model = keras.Model(x, keras.layers.Dense(10, activation="softmax", dtype="float32")(h))
+  model = boosted((16, 16, 3), 10)
   unsafe = numerics_lib.unsafe(cfg, model, data)
   assert list(unsafe) == ["mixed_float16"] and unsafe["mixed_float16"].startswith(
       "numerics: boost (")
@@ -211,3 +208,21 @@ def test_float16_is_dropped_where_the_numerics_say_a_layer_would_overflow(tiny):
   rows = {r.policy: r for r in choice.candidates}
   assert rows["mixed_float16"].dropped == unsafe["mixed_float16"]
   assert "numerics: boost" in autopolicy.format_table(choice)
+  # The advice, followed: mixed_float16 with those layers in float32 trains to the end.
+  sys.modules.setdefault("auto_nets", sys.modules[__name__])
+  pattern = re.search(r"--layer_policy='([^']+)'", unsafe["mixed_float16"]).group(1)
+  followed = tiny(model="auto_nets:boosted", policy="mixed_float16",
+                  layer_policy=pattern, epochs=1, checkpoint=False)
+  assert train_run(followed)["status"] == "completed"
+
+
+def boosted(input_shape, num_classes):
+  """A convnet whose `boost` layer multiplies by 10^6 (its outputs pass 65504) and
+  whose `shrink` layer, reading it, brings them back in range."""
+  x = keras.Input(input_shape)
+  h = keras.layers.Conv2D(4, 3, activation="relu", name="conv")(x)
+  h = keras.layers.Rescaling(1e6, name="boost")(h)
+  h = keras.layers.Rescaling(1e-6, name="shrink")(h)  # Reads boost; in range itself.
+  h = keras.layers.GlobalAveragePooling2D(name="gap")(h)
+  return keras.Model(x, keras.layers.Dense(num_classes, activation="softmax",
+                                           dtype="float32")(h))
