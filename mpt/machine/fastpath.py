@@ -17,6 +17,7 @@ from mpt import config
 from mpt.machine import gpu_table
 from mpt.machine import hardware
 from mpt.machine import kernels
+from mpt.records import cost as cost_records
 from mpt.records.cost import times
 from mpt.records.verdict import PolicyVerdict
 
@@ -84,15 +85,6 @@ def worst_op(table: dict[str, Any], dtype: str, families) -> dict[str, Any] | No
   return max(rows, key=lambda r: r["ratio"]) if rows else None
 
 
-def step_ratios(predicted_ms: dict[str, float] | None) -> dict[str, float]:
-  """{policy: predicted step time over float32's} from the model's timed step, when
-  float32 and another policy were timed."""
-  ms = predicted_ms or {}
-  if not ms.get("float32") or len(ms) < 2:
-    return {}
-  return {p: v / ms["float32"] for p, v in ms.items() if p in POLICY_DTYPE}
-
-
 def _flags_verdict(policy: str, by_flags: tuple[str, str] | None) -> PolicyVerdict:
   """Nothing measured: the CPU flags / compute capability speak."""
   return PolicyVerdict(
@@ -132,7 +124,7 @@ def verdict(policy: str, table: dict[str, Any] | None, families, flags: set[str]
   table then only names the worst op's kernel. Without either (or on a GPU, where the
   table measures nothing), the flags decide."""
   by_flags = hardware.fast_path(policy, flags, gpu_caps, cpu_name)
-  ratios = step_ratios(step_ms)
+  ratios = cost_records.ratios(step_ms) if len(step_ms or {}) > 1 else {}
   evidence = "cost" if ratios.get(policy) else "probe"
   if evidence == "probe":  # A CPU's table measures nothing a GPU runs.
     ratios = policy_ratios(table, families) if not gpu_caps or _gpu(table) else {}

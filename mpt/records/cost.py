@@ -85,9 +85,7 @@ class Cost:
 
   def ratios(self) -> dict[str, float]:
     """{policy: predicted time over float32's}; empty without float32."""
-    ms = self.predicted()
-    base = ms.get("float32")
-    return {p: v / base for p, v in ms.items()} if base else {}
+    return ratios(self.predicted())
 
   def to_dict(self) -> dict[str, Any]:
     return dataclasses.asdict(self)
@@ -126,6 +124,13 @@ class OnednnChoice:
           "environment": f"TF_ENABLE_ONEDNN_OPTS={self.env}"}.get(self.chosen_by,
                                                                    self.chosen_by)
     return f"{self.label()} ({by})"
+
+
+def ratios(ms: dict[str, float] | None) -> dict[str, float]:
+  """{policy: its ms over float32's} of a {policy: ms/step}: the one ratio to float32;
+  empty without float32."""
+  base = (ms or {}).get("float32")
+  return {p: v / base for p, v in ms.items()} if base else {}
 
 
 def times(ratio: float) -> str:
