@@ -151,8 +151,10 @@ def _sample(model: keras.Model, batch_size: int, seed: int,
   declares; UserError when none of these exists."""
   if x is not None:
     return keras.tree.map_structure(lambda t: t[:batch_size], x)
-  found = observe.sample_input(model, batch_size, seed) if not input_shape else \
-      tf.random.stateless_uniform((batch_size,) + tuple(input_shape), seed=(seed, 0))
+  if input_shape:
+    return tf.random.stateless_uniform((batch_size,) + tuple(input_shape),
+                                       seed=(seed, 0))
+  found = observe.sample_input(model, batch_size, seed)
   if found is None:
     raise UserError(f"model {model.name!r} is not built and has no inputs, so its "
                     "input shape is unknown: build it first (call it on a batch, or "
@@ -211,12 +213,15 @@ def inspect_parts(name: str, models: list[keras.Model], batch_size: int = 2,
   variables = sorted({d for r in reports for d in r["variable_dtypes"]})
   return {
       "model": name, "parts": [r["model"] for r in reports],
-      "policy": reports[0]["policy"], "input_shape": reports[0]["input_shape"],
+      "policy": reports[0]["policy"],
+      "input_shape": reports[0]["input_shape"],
       "inputs": {f"{r['model']}/{k}": v for r in reports for k, v in r["inputs"].items()},
       "layers": rows, "params": sum(r["params"] for r in reports), **_shares(rows),
       "uncounted_layers": named("uncounted_layers"),
-      "no_tensor_output": named("no_tensor_output"), "gradient_dtypes": grads,
-      "variable_dtypes": variables, "gradients_match_variables": grads == variables}
+      "no_tensor_output": named("no_tensor_output"),
+      "gradient_dtypes": grads, "variable_dtypes": variables,
+      "gradients_match_variables": grads == variables,
+  }
 
 
 def train_step_flops(report: dict[str, Any], batch_size: int) -> int:

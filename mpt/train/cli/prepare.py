@@ -133,8 +133,9 @@ def prepare(cfg: config.Config) -> Run:
     files.write_json(out_dir / "dtypes.json", report)
     if dist.is_chief:
       print(dtypes_lib.one_line(report), flush=True)
-  sampler = sampler_lib.Sampler(cfg.sample_every, state=prior.get("sampler")) \
-      if cfg.instrument and dist.is_chief else None
+  sampler = None
+  if cfg.instrument and dist.is_chief:
+    sampler = sampler_lib.Sampler(cfg.sample_every, state=prior.get("sampler"))
   return Run(cfg=cfg, dist=dist, data=data, policy=policy, run_dir=run_dir,
              out_dir=out_dir, model=model, optimizer=optimizer, ckpt=ckpt,
              start_step=start_step, prior=prior, started=started, window=window,

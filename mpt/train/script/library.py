@@ -151,9 +151,10 @@ class RunFolder(keras.callbacks.Callback):
 
   def _inspect(self) -> None:
     fed = None
-    if self.batch is not None:
-      fed = keras.utils.unpack_x_y_sample_weight(self.batch)[0] \
-          if self.opts.loop == "fit" else self.batch
+    if self.batch is not None:  # fit's batch is (x, y, weights); a loop's is its own.
+      fed = self.batch
+      if self.opts.loop == "fit":
+        fed = keras.utils.unpack_x_y_sample_weight(self.batch)[0]
       self._fed(fed)
     self.report = self._report(fed if len(self.models) == 1 else None)
     files.write_json(self.run_dir / "dtypes.json", self.report)
