@@ -114,9 +114,15 @@ def test_offline_tfds_is_one_line_and_exit_2(tmp_path):
 
 
 def test_ctrl_c_writes_an_interrupted_summary(tmp_path, children):
-  """Also: --onednn=off reaches the training process through the supervisor (TF's
-  rewrite is off there on any CPU) and is recorded with the variable it set."""
-  proc = start_and_wait_for_an_epoch(children, tmp_path, "--onednn=off")
+  """Started as `... &` in a script starts it (nohup, CI runners): SIGINT ignored,
+  which the supervisor and its training child inherit; Ctrl-C sent to it still stops
+  the run at a step (the next test sends it in a terminal's
+  disposition). Also: --onednn=off reaches the training process through the
+  supervisor (TF's rewrite is off there on any CPU) and is recorded with the variable
+  it set."""
+  proc = start_and_wait_for_an_epoch(
+      children, tmp_path, "--onednn=off",
+      preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
   proc.send_signal(signal.SIGINT)
   out, err = proc.communicate(timeout=120)
   assert proc.returncode == 130, err

@@ -31,6 +31,7 @@ import signal
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 
 from mpt.errors import STOP_SIGNALS, UserError
@@ -113,6 +114,7 @@ def _run_on_node(cfg, cell: Cell, timeout: float | None,
   sweep folder `shared` where every node sees it; (the cell, its run folder as a tar
   archive, or nothing where it was written to `shared`)."""
   from mpt.machine import hardware
+  _listen_for_cancel()
   granted = _granted()
   if shared is not None and not shared.is_dir():
     return dataclasses.replace(cell, status="failed", error=(
@@ -131,6 +133,19 @@ def _run_on_node(cfg, cell: Cell, timeout: float | None,
       with tarfile.open(fileobj=archive, mode="w:gz") as tar:
         tar.add(done.run_dir, arcname=".")
   return done, archive.getvalue()
+
+
+def _listen_for_cancel() -> None:
+  """Lets Ray's cancel reach this task. A non-forced `ray.cancel` interrupts the task
+  through `_thread.interrupt_main()`, which does nothing while SIGINT is ignored; and
+  a sweep started with `&` from a script (nohup, many CI runners, SLURM batch steps)
+  passes SIGINT ignored to Ray's workers. Python's own handler is put back, so the
+  cancel raises KeyboardInterrupt here and the cell stops at a step. A task runs on
+  its worker's main thread; elsewhere (a test calling this function) nothing
+  changes."""
+  if threading.current_thread() is threading.main_thread() and (
+      signal.getsignal(signal.SIGINT) in (signal.SIG_IGN, signal.SIG_DFL)):
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _granted() -> dict:

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -232,9 +233,14 @@ def _cmd(p) -> str:
     return ""
 
 
-def test_ctrl_c_stops_the_cells_and_the_local_cluster_listens_on_loopback_only(tmp_path):
+@pytest.mark.parametrize("ignored", [False, True], ids=["terminal", "background"])
+def test_ctrl_c_stops_the_cells_and_the_local_cluster_listens_on_loopback_only(
+    tmp_path, ignored):
   """The command line's own cluster (no --ray_address): every socket its processes
-  listen on is on loopback; Ctrl-C stops the running cells at a step and the cluster."""
+  listen on is on loopback; Ctrl-C stops the running cells at a step and the cluster,
+  also where the sweep was started with SIGINT ignored (`... &` in a script, nohup,
+  CI runners), which Ray's workers inherit: the cell ends by the signal, at a step,
+  not killed when the grace runs out (cluster.STOP_GRACE_S)."""
   import psutil
   proc = subprocess.Popen(
       [sys.executable, "-m", "mpt", "--mode=sweep", "--launcher=ray",
@@ -242,7 +248,9 @@ def test_ctrl_c_stops_the_cells_and_the_local_cluster_listens_on_loopback_only(t
        f"--data_dir={tmp_path}/data", f"--logdir={tmp_path}/logs", *TINY_FLAGS],
       cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
       start_new_session=True, env={k: v for k, v in os.environ.items()
-                                   if k != sweep_cluster.LOOPBACK_ENV})
+                                   if k != sweep_cluster.LOOPBACK_ENV},
+      preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignored
+      else None)
   me = psutil.Process(proc.pid)
   try:
     running = lambda: [p for p in me.children(recursive=True) if "mpt.main" in _cmd(p)]
@@ -255,13 +263,17 @@ def test_ctrl_c_stops_the_cells_and_the_local_cluster_listens_on_loopback_only(t
     # workers, agents), which carry nothing of this test in their command lines.
     kids = me.children(recursive=True)
     proc.send_signal(signal.SIGINT)
+    stopping = time.monotonic()
     out, err = proc.communicate(timeout=120)
+    stopped_in = time.monotonic() - stopping
   finally:
     if proc.poll() is None:
       os.killpg(proc.pid, signal.SIGKILL)
   assert proc.returncode == 130, err[-3000:]
   rows = cells.read_csv(next((tmp_path / "logs").glob("sweep-*")) / "sweep.csv")
-  assert rows and {r.status for r in rows} == {"interrupted"}
+  # Stopped by the signal at a step, not force-killed when the grace ran out.
+  assert [(r.status, r.error) for r in rows] == [("interrupted", "SIGINT")], rows
+  assert stopped_in < sweep_cluster.STOP_GRACE_S, stopped_in
   assert "sweep interrupted" in out
   # Nothing left: neither the cluster nor the cell (as psutil.wait_procs, but a
   # zombie, ended and not yet reaped, counts as gone).
