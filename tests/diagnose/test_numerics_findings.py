@@ -53,6 +53,9 @@ def test_the_issues_convnet_diverges_and_the_diagnosis_names_the_layer(tiny):
   assert summary["status"] == "diverged"
   run_dir = next(pathlib.Path(cfg.logdir).glob("*/summary.json")).parent
   found = records.read(run_dir)
+  # Sampled at the end of the run, a diverged one included (docs/usage.md).
+  assert found.samples and found.samples[-1].step == summary["steps"], [
+      s.step for s in found.samples]
   rows = {r.name: r for r in records.worst(found)}
   assert rows["boost"].overflow > 0 and rows["conv"].overflow == 0
   diagnosis = json.loads((run_dir / "diagnosis.json").read_text())
@@ -69,6 +72,35 @@ def test_the_issues_convnet_diverges_and_the_diagnosis_names_the_layer(tiny):
   again = dataclasses.replace(cfg, layer_policy=f"{'|'.join(pinned)}=float32",
                               logdir=f"{cfg.logdir}-kept")
   assert helpers.train_run(again)["status"] == "completed"
+  # ... and its diagnosis no longer says boost overflows float16: it computes in
+  # float32 now, as do the layers that read it.
+  rerun = next(pathlib.Path(again.logdir).glob("*/diagnosis.json"))
+  assert "f16_overflow" not in {f["id"] for f in json.loads(rerun.read_text())["findings"]}
+
+
+def test_a_float32_layer_above_float16s_range_is_not_float16s_overflow(tiny):
+  """Under mixed_float16, a layer given dtype="float32" computes in float32: its
+  outputs above 65504 (and those of the float32 layer reading them) overflow
+  nothing; the float16 layers around them stay in range. No f16_overflow."""
+  cfg = tiny(policy="mixed_float16")
+  data = data_lib.load(cfg)
+  precision.set_policy("mixed_float16")
+  x = keras.Input((16, 16, 3))
+  h = keras.layers.Conv2D(4, 3, activation="relu", name="conv")(x)
+  h = keras.layers.Rescaling(1e6, name="big", dtype="float32")(h)
+  h = keras.layers.Rescaling(1e-6, name="small", dtype="float32")(h)
+  h = keras.layers.GlobalAveragePooling2D(name="gap")(h)
+  model = keras.Model(x, keras.layers.Dense(10, activation="softmax", dtype="float32")(h))
+  loss = steps_lib.make_loss()
+  sample = numerics.sample(model, list(data.train_from(0).take(1)),
+                           lambda x, y, p: loss(y, p), 0, 2.0**15)
+  precision.set_policy("float32")
+  rows = {r.name: r for r in sample.layers}
+  assert rows["big"].output.max > np.finfo(np.float16).max  # As built: above range.
+  assert (rows["big"].dtype, rows["conv"].dtype) == ("float32", "float16")
+  ev = Evidence(RunSummary(policy="mixed_float16", status="completed"), None,
+                numerics=records.Numerics("mixed_float16", samples=[sample]))
+  assert detectors.DETECTORS["f16_overflow"](ev) is None
 
 
 # The larger variants at smaller widths and depths: the same layers, in seconds.
@@ -88,11 +120,22 @@ def test_the_registered_variants_raise_no_numerics_finding(tiny, name):
     precision.set_policy(policy)
     model = build_model(dataclasses.replace(cfg, policy=policy), len(data.class_names))
     sample = numerics.sample(model, batches, lambda x, y, p: loss(y, p), 0, 2.0**15)
+    # Quiet because every layer was looked at and is in range, not because none was:
+    # a row per layer with weights (the ones that compute), each output seen finite.
+    rows = {r.name: r for r in sample.layers}
+    weighted = {l.name for l in _all_layers(model) if l.weights}
+    assert weighted and weighted <= set(rows), (name, policy, weighted - set(rows))
+    assert all(rows[n].output.count for n in weighted), (name, policy)
     ev = Evidence(RunSummary(policy=policy, status="completed"), None,
                   numerics=records.Numerics(policy, samples=[sample]))
     fired = {n: f.title for n in NUMERICS if (f := detectors.DETECTORS[n](ev))}
     assert not fired, (name, policy, fired)
   precision.set_policy("float32")
+
+
+def _all_layers(model):
+  """Every layer of `model`, nested ones included (Keras' own walk)."""
+  return [l for l in model._flatten_layers() if l is not model]
 
 
 def _direct(values: np.ndarray) -> dict:

@@ -133,6 +133,11 @@ def test_inspects_plan_is_the_map_a_script_applies(tmp_path):
                     "--run_name=i",
                     env={"MPT_LAYERS": str(recorded)})
   assert proc.returncode == 0, proc.stderr
+  # inspect's per-layer table (docs/usage.md, --mode=inspect) and its layers.json.
+  assert "| layer class | layers | float32 ms | mixed_bfloat16 ms |" in proc.stdout
+  assert "| BatchNormalization | 3 | 3.0 | 12.0 (4x) | 12.0 (4x) |" in proc.stdout  # 3 layers.
+  written = json.loads((tmp_path / "logs" / "i" / "layers.json").read_text())
+  assert [r["cls"] for r in written["rows"]] == ["Conv2D", "BatchNormalization"]
   where = tmp_path / "logs" / "i" / "policy_map.json"
   plan = json.loads(where.read_text())
   assert plan["keras_version"] == keras.__version__ and "BatchNormalization" in plan["why"]

@@ -48,6 +48,8 @@ def test_train_writes_summary_and_events(tiny, loop, policy):
   assert isinstance(record.memory, MemoryPlan) and record.memory.peak_rss_mb > 0
   assert record.util.process_cpu_percent.mean > 0 and record.hardware.cpu_count > 0
   assert summary["status"] == "completed"
+  # --numerics=auto (the default): a 16-bit run samples its numerics, float32 does not.
+  assert pathlib.Path(run_dir, "numerics.json").exists() == (policy != "float32")
   assert (summary["compute_dtype"], summary["variable_dtype"]) == (COMPUTE[policy],
                                                                    "float32")
   assert summary["steps"] == 3 * 8 and summary["epochs_completed"] == 3

@@ -54,6 +54,7 @@ print("DONE " + json.dumps(done))
 '''
 
 
+@pytest.mark.slow  # 22 trainings in one child: 25 s on a loaded 2-core Xeon.
 def test_no_failing_part_ends_the_training(tmp_path):
   """One test over every part (under pytest-xdist a shared fixture would run the
   child once per worker)."""
