@@ -9,6 +9,7 @@ import importlib.util
 import multiprocessing
 import os
 import pathlib
+import runpy
 import signal
 import subprocess
 import sys
@@ -152,19 +153,46 @@ def _forked_main(argv: list[str], env: dict[str, str], out: str, err: str) -> No
   app.run(main.main, argv=["mpt", *argv])
 
 
-class Forked:
-  """A running `python -m mpt.main ARGS` forked from the server (mpt_forked_start)."""
+def _forked_script(argv: list[str], env: dict[str, str], out: str, err: str,
+                   cwd: str) -> None:
+  """A forked child running a Python script as `python SCRIPT ARGS` would, in `cwd`
+  (`env`: variables to set; None unsets one)."""
+  for name, value in env.items():
+    os.environ.pop(name, None) if value is None else os.environ.update({name: value})
+  tempfile.tempdir = None
+  os.chdir(cwd)
+  for fd, path in ((1, out), (2, err)):
+    os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+  sys.argv = list(argv)
+  sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
+  try:
+    runpy.run_path(argv[0], run_name="__main__")
+  except SystemExit as e:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(e.code if isinstance(e.code, int) else (0 if e.code is None else 1))
+  sys.stdout.flush()
+  sys.stderr.flush()
 
-  def __init__(self, args: tuple[str, ...], env: dict[str, str]):
+
+class Forked:
+  """A running `python -m mpt.main ARGS` forked from the server (mpt_forked_start),
+  or `python SCRIPT ARGS` (script_forked)."""
+
+  def __init__(self, args: tuple[str, ...], env: dict[str, str],
+               script_cwd: str | None = None):
     global _FORKSERVER
     if _FORKSERVER is None:
       _FORKSERVER = multiprocessing.get_context("forkserver")
       _FORKSERVER.set_forkserver_preload(PRELOAD)
-    self.args = ["mpt", *args]
+    self.args = ["mpt", *args] if script_cwd is None else list(args)
     self._tmp = tempfile.TemporaryDirectory()
     self._out, self._err = f"{self._tmp.name}/stdout", f"{self._tmp.name}/stderr"
-    self._proc = _FORKSERVER.Process(target=_forked_main,
-                                     args=(list(args), env, self._out, self._err))
+    target, extra = ((_forked_main, ()) if script_cwd is None else
+                     (_forked_script, (script_cwd,)))
+    self._proc = _FORKSERVER.Process(target=target,
+                                     args=(list(args), env, self._out, self._err,
+                                           *extra))
     self._proc.start()
     self.pid = self._proc.pid
 
@@ -204,6 +232,14 @@ def mpt_forked(*args: str, env: dict[str, str] | None = None,
   variables TensorFlow reads at import (TF_CPP_MIN_LOG_LEVEL, ONEDNN_*) have the
   server's values; `env` adds those read later (MPT_*, TF_CONFIG, XLA_FLAGS)."""
   return mpt_forked_start(*args, env=env).wait(timeout)
+
+
+def script_forked(script, *args: str, cwd, env: dict[str, str | None] | None = None,
+                  timeout: float = 400) -> subprocess.CompletedProcess:
+  """`python SCRIPT ARGS` in `cwd`, forked from the server that imported TensorFlow
+  and mpt once (mpt_forked): for a script whose own process start is not under test
+  (`env`: variables to set, None to unset one)."""
+  return Forked((str(script), *args), env or {}, script_cwd=str(cwd)).wait(timeout)
 
 
 def wait_for(condition: Callable[[], bool], timeout: float, every: float = 0.2) -> bool:

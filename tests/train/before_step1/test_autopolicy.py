@@ -226,3 +226,39 @@ def boosted(input_shape, num_classes):
   h = keras.layers.GlobalAveragePooling2D(name="gap")(h)
   return keras.Model(x, keras.layers.Dense(num_classes, activation="softmax",
                                            dtype="float32")(h))
+
+
+def test_an_adopted_plan_is_recorded_as_layer_policy_and_resume_keeps_it(
+    tiny, tmp_path, monkeypatch):
+  """docs/usage.md: --policy=auto records a plan it adopted as --layer_policy in
+  flags.txt, so that --resume trains on under it. The evidence stands in: a recorded
+  cost (mixed_bfloat16 fastest), per-layer costs where BatchNormalization is slower in
+  bfloat16, and the side-by-side timing of that plan 20% faster than its policy."""
+  from mpt.records import cost as cost_records
+  from mpt.records.layers import Edge, LayerCosts, LayerRow
+  from mpt.records.cost import PolicyCost as Row
+  bf16 = "mixed_bfloat16"
+  cost_records.write(tmp_path / "cost.json", _cost(
+      float32=100.0, mixed_bfloat16=60.0, mixed_float16=90.0))
+  rows = [LayerRow("Conv2D", ["conv1", "conv2", "conv3"], 3, [[16, 16, 3]],
+                   {"float32": 20.0, bf16: 5.0, "mixed_float16": 90.0}),
+          LayerRow("BatchNormalization", ["bn1", "bn2", "bn3"], 3, [[8, 8, 32]],
+                   {"float32": 1.0, bf16: 4.0, "mixed_float16": 4.0})]
+  casts = {f"{a}>{b}": [0.01, 0.0] for a in ("float32", "bfloat16", "float16")
+           for b in ("float32", "bfloat16", "float16") if a != b}
+  (tmp_path / "layers.json").write_text(json.dumps(LayerCosts(
+      {"model": "seed_convnet"}, 32, rows,
+      [Edge(f"conv{i}", f"bn{i}", 100) for i in (1, 2, 3)], casts).to_dict()))
+  monkeypatch.setenv("MPT_COST", str(tmp_path / "cost.json"))
+  monkeypatch.setenv("MPT_LAYERS", str(tmp_path / "layers.json"))
+  monkeypatch.setattr(autopolicy, "time_plan", lambda cfg, build, plan: (
+      Row(plan.policy, 48.0, 50.0, layer_policy=plan.layer_policy(), steps_timed=2),
+      Row(plan.policy, 60.0, 62.0, steps_timed=2)))
+  first = train_run(tiny(policy="auto", batchnorm="keras", epochs=1, checkpoint=True))
+  plan = "BatchNormalization=float32"
+  flags = (pathlib.Path(first["run_dir"]) / "flags.txt").read_text().split()
+  assert f"--policy={bf16}" in flags and f"--layer_policy={plan}" in flags
+  assert (first["policy"], first["layer_policy"]) == (bf16, plan)
+  resumed = train_run(tiny(resume=first["run_dir"], epochs=2))
+  assert (resumed["policy"], resumed["layer_policy"], resumed["resumed"]) == (
+      bf16, plan, True)

@@ -47,6 +47,7 @@ def test_train_writes_summary_and_events(tiny, loop, policy):
   assert isinstance(record.policy_verdict, PolicyVerdict)
   assert isinstance(record.memory, MemoryPlan) and record.memory.peak_rss_mb > 0
   assert record.util.process_cpu_percent.mean > 0 and record.hardware.cpu_count > 0
+  assert record.hardware.tf32 is True  # --tf32, the default: TensorFlow's TF32 left on.
   assert summary["status"] == "completed"
   # --numerics=auto (the default): a 16-bit run samples its numerics, float32 does not.
   assert pathlib.Path(run_dir, "numerics.json").exists() == (policy != "float32")

@@ -5,12 +5,11 @@ was lost, and what did not fail is still written.
 """
 
 import json
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
+from helpers import script_forked
 from mpt.records import summary as summary_lib
 from mpt.train.common import besteffort
 
@@ -66,8 +65,7 @@ def test_no_failing_part_ends_the_training(tmp_path):
 def _run(tmp):
   script = tmp / "faulty.py"
   script.write_text(f"PARTS = {sorted(besteffort.PARTS)!r}\n" + textwrap.dedent(SCRIPT))
-  proc = subprocess.run([sys.executable, str(script), str(tmp / "logs")],
-                        capture_output=True, text=True, timeout=400, cwd=tmp)
+  proc = script_forked(script, str(tmp / "logs"), cwd=tmp)  # Its start: not under test.
   assert proc.returncode == 0, proc.stderr[-3000:]
   done = json.loads(proc.stdout.split("DONE ", 1)[1].splitlines()[0])
   return tmp / "logs", done, proc.stderr

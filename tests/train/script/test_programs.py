@@ -10,12 +10,10 @@ its diagnosis.
 
 import importlib.util
 import json
-import subprocess
-import sys
 
 import pytest
 
-from helpers import ROOT
+from helpers import ROOT, script_forked
 from mpt import speech
 from mpt.records import summary as summary_lib
 
@@ -57,8 +55,7 @@ def test_every_program_gets_its_run_folder(tmp_path):
   pytest-xdist a shared fixture would run the whole corpus once per worker), each
   run folder compared with the figures the program fixed: loss_scale exactly."""
   out = tmp_path / "out"
-  proc = subprocess.run([sys.executable, str(RUNNER), str(out)], capture_output=True,
-                        text=True, timeout=400, cwd=tmp_path)
+  proc = script_forked(RUNNER, str(out), cwd=tmp_path)  # Its start is not under test.
   assert proc.returncode == 0, proc.stderr[-3000:]
   results = json.loads((out / "results.json").read_text())
   assert list(results) == list(PROGRAMS)
