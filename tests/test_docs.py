@@ -100,3 +100,18 @@ def test_links_point_at_files_and_headings_of_the_repository(page):
     elif anchor and path.suffix == ".md" and anchor not in _anchors(path):
       broken.append(f"{target}: no such heading")
   assert broken == []
+
+
+def test_the_readme_states_the_suites_size(request):
+  """The one count of the tests (README's Development section), against what this
+  session collected: checked when the whole suite was asked for, as the README's
+  test command asks (a subset, -k or -m collects fewer)."""
+  opts = request.config.option
+  asked = [ROOT / a for a in request.config.args]
+  whole = [p.resolve() for p in asked] == [(ROOT / "tests").resolve()]
+  if not whole or opts.keyword or opts.markexpr:
+    pytest.skip("the whole suite was not collected")
+  said = re.search(r"\((\d+) tests, ", (ROOT / "README.md").read_text())
+  assert said and int(said.group(1)) == len(request.session.items), (
+      f"README says {said and said.group(1)} tests; the suite has "
+      f"{len(request.session.items)}")
