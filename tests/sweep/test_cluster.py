@@ -30,9 +30,9 @@ if importlib.util.find_spec("ray") is None:
   pytest.skip("Ray is not installed (the `cluster` extra)", allow_module_level=True)
 
 pytestmark = pytest.mark.slow
-# The tests of the module's cluster (`alpha`): under --dist=loadgroup they share one
-# worker, and so one cluster, not one per worker (other modes ignore the mark).
-ON_ALPHA = pytest.mark.xdist_group("ray_alpha")
+# The module's cluster (`alpha`) is one per xdist worker that runs one of its two
+# tests: a live Ray cluster cannot be shared between worker processes (the suite's
+# --dist=worksteal ignores xdist_group marks, so none is set).
 
 
 # Ray's logical memory of each node (what it lets its tasks reserve), set here so that
@@ -95,7 +95,6 @@ def beta(alpha):
   alpha.wait_for_nodes()  # No node the next test's sweep still sees alive.
 
 
-@ON_ALPHA
 def test_a_sweep_runs_every_cell_on_each_machine_then_resumes(alpha, beta, tmp_path,
                                                               monkeypatch, capsys):
   # On each machine (the injection reaches the nodes' cells through the task's
@@ -168,7 +167,6 @@ def test_a_sweep_runs_every_cell_on_each_machine_then_resumes(alpha, beta, tmp_p
   assert rerun["alpha", 4, "mixed_bfloat16"].error == "killed after 0.5 s"
 
 
-@ON_ALPHA
 def test_a_node_lost_mid_sweep_leaves_its_cells_failed(alpha, beta, tmp_path):
   # Every node here sees the logdir: the cells write their run folders there.
   cfg, opts = tiny_sweep(tmp_path, batch_sizes="4", policies="float32,mixed_bfloat16",
