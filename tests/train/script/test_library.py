@@ -206,6 +206,11 @@ def test_own_loop_with_a_loss_scale_optimizer(own_loop):
   assert [s for s, _ in events["train/loss"]] == [8, 16]
   assert "diagnosis/report" in events and (run_dir / "diagnosis.md").exists()
   assert "mpt: diagnosis of" in stdout and f"mpt: completed: {run_dir}" in stdout
+  # Its numerics (mixed_float16: sampled): outputs only, a loop's own loss being
+  # unknown to mpt (docs/usage.md), so no layer has an incoming gradient.
+  rows = [l for s in numerics_lib.read(run_dir).samples for l in s.layers]
+  assert rows and all(l.output.count for l in rows)
+  assert all(l.grad is None for l in rows)
 
 
 def test_a_loop_that_never_steps_says_so(tmp_path, capsys):
