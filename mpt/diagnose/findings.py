@@ -78,11 +78,6 @@ def x(v: float) -> str:
   return times(v)
 
 
-def measured_by(k: PolicyVerdict) -> str:
-  """What measured a verdict, in a sentence: the step timing or the kernel probe."""
-  return "step timing" if k.basis == "step cost" else "kernel probe"
-
-
 # What a verdict's ratios rest on, in words, by its evidence: this model's own step,
 # or the kernel probe's representative shapes (a guess about this model, never called
 # its own).

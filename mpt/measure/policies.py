@@ -23,7 +23,6 @@ loudly when a Keras upgrade changes it):
 """
 
 import contextlib
-import json
 import pathlib
 import re
 from typing import Callable, Iterator
@@ -188,9 +187,3 @@ def write_map(run_dir: pathlib.Path, found: tuple[PolicyMap, list[str]],
                            "policy_map": keras.saving.serialize_keras_object(found[0]),
                            "unkeyed": found[1]})
   return where
-
-
-def read_map(where: pathlib.Path) -> PolicyMap:
-  """The map a policy_map.json holds, as a script reads it (keras.saving)."""
-  data = json.loads(pathlib.Path(where).read_text())
-  return keras.saving.deserialize_keras_object(data["policy_map"])
