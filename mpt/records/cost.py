@@ -52,7 +52,7 @@ class PolicyCost:
 
 
 @dataclasses.dataclass
-class Cost:
+class Cost(typed.Record):
   """One measurement of a model's step per policy, under one oneDNN setting."""
   key: dict[str, Any]  # What it is valid for (cache_key's fields).
   onednn: bool | None  # TF's oneDNN rewrite in the measuring process.
@@ -87,16 +87,9 @@ class Cost:
     """{policy: predicted time over float32's}; empty without float32."""
     return ratios(self.predicted())
 
-  def to_dict(self) -> dict[str, Any]:
-    return dataclasses.asdict(self)
-
-  @classmethod
-  def from_dict(cls, data: dict[str, Any]) -> "Cost":
-    return typed.from_dict(cls, data)
-
 
 @dataclasses.dataclass
-class OnednnChoice:
+class OnednnChoice(typed.Record):
   """TF's oneDNN rewrite for a run: its state, the variable set, and why."""
   on: bool | None                 # The rewrite's state the run trains with.
   env: str | None                 # TF_ENABLE_ONEDNN_OPTS as the run saw it (None: unset).
@@ -108,12 +101,6 @@ class OnednnChoice:
   measured_ms: dict[str, float] = dataclasses.field(default_factory=dict)
   seconds: float = 0.0
 
-  def to_dict(self) -> dict[str, Any]:
-    return dataclasses.asdict(self)
-
-  @classmethod
-  def from_dict(cls, data: dict[str, Any]) -> "OnednnChoice":
-    return typed.from_dict(cls, data)
 
   def label(self) -> str:
     return "unknown" if self.on is None else "on" if self.on else "off"

@@ -48,7 +48,7 @@ class Edge:
 
 
 @dataclasses.dataclass
-class LayerCosts:
+class LayerCosts(typed.Record):
   """One measurement of a model's layers under each policy at one batch."""
   key: dict[str, Any]
   batch: int
@@ -64,12 +64,6 @@ class LayerCosts:
   source: str = "measured"
   schema: int = SCHEMA
 
-  def to_dict(self) -> dict[str, Any]:
-    return dataclasses.asdict(self)
-
-  @classmethod
-  def from_dict(cls, data: dict[str, Any]) -> "LayerCosts":
-    return typed.from_dict(cls, data)
 
   def classes(self) -> list[str]:
     return list(dict.fromkeys(r.cls for r in self.rows))

@@ -19,7 +19,6 @@ import re
 import json
 import math
 import pathlib
-from typing import Any
 
 from mpt import files
 from mpt.records import typed
@@ -125,7 +124,7 @@ class Sample:
 
 
 @dataclasses.dataclass
-class Numerics:
+class Numerics(typed.Record):
   """A run's numerics samples."""
   policy: str
   loss_scale: str = "dynamic"  # The run's setting: dynamic, a number, or none.
@@ -134,12 +133,6 @@ class Numerics:
   seconds: float = 0.0
   schema: int = SCHEMA
 
-  def to_dict(self) -> dict[str, Any]:
-    return dataclasses.asdict(self)
-
-  @classmethod
-  def from_dict(cls, data: dict[str, Any]) -> "Numerics":
-    return typed.from_dict(cls, data)
 
   def layers(self) -> dict[str, list[LayerNumerics]]:
     """Each layer's rows over the samples, in call order."""

@@ -90,3 +90,15 @@ def _plain(value):
   if isinstance(value, dict):
     return {k: _plain(v) for k, v in value.items()}
   return value
+
+
+class Record:
+  """A record that is a file of its own (cost.json, layers.json, numerics.json, the
+  oneDNN choice): written as its fields, read back by `from_dict` above."""
+
+  def to_dict(self) -> dict[str, Any]:
+    return dataclasses.asdict(self)
+
+  @classmethod
+  def from_dict(cls, data: dict[str, Any]):
+    return from_dict(cls, data)
