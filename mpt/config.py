@@ -267,10 +267,15 @@ def sixteen_bit(policy: str, layer_policy: str = "") -> str | None:
   return next((p for _, p in layer_policies(layer_policy) if p in SIXTEEN), None)
 
 
+def scales(*policies: str) -> bool:
+  """Whether any of these policies computes in float16: the one rule of when a run
+  scales its loss (float16's range needs it; bfloat16's does not)."""
+  return any(POLICY_DTYPE.get(p) == "float16" for p in policies)
+
+
 def scales_loss(cfg: Any) -> bool:
   """Whether any layer of the run computes in float16 (loss scaling is then used)."""
-  return cfg.policy == "mixed_float16" or any(
-      p == "mixed_float16" for _, p in layer_policies(cfg.layer_policy))
+  return scales(cfg.policy, *(p for _, p in layer_policies(cfg.layer_policy)))
 
 
 def from_flagfile(text: str) -> Config:

@@ -120,3 +120,12 @@ def test_parse_steps(spec, words):
   assert flagvalues.parse_steps("", "profile_steps") is None
   with pytest.raises(UserError, match=words):
     flagvalues.parse_steps(spec, "profile_steps")
+
+
+@pytest.mark.parametrize("policies, scaled", [
+    (("mixed_float16",), True), (("mixed_bfloat16",), False), (("float32",), False),
+    (("float32", "mixed_bfloat16", "mixed_float16"), True), ((), False)])
+def test_only_float16_scales_the_loss(policies, scaled):
+  """The one rule of loss scaling: float16's narrow range needs it, bfloat16's (float32's
+  exponent) does not; used by the optimizer, the per-layer sums, a script's timing."""
+  assert config.scales(*policies) is scaled

@@ -93,7 +93,7 @@ class LayerCosts(typed.Record):
     for e in self.edges:
       src = POLICY_DTYPE[layer_policy.get(e.producer, "float32")] if e.producer else "float32"
       casts += self.cast_ms(src, POLICY_DTYPE[layer_policy[e.consumer]], e.elements)
-    scaled = "mixed_float16" in layer_policy.values() or policy == "mixed_float16"
+    scaled = config.scales(policy, *layer_policy.values())
     opt = self.optimizer_ms.get("mixed_float16" if scaled else "float32", 0.0)
     return {"layers": round(layers, 3), "casts": round(casts, 3),
             "optimizer": round(opt, 3), "total": round(layers + casts + opt, 3)}

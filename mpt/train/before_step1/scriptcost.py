@@ -27,6 +27,7 @@ from typing import Any, Callable
 import keras
 import tensorflow as tf
 
+from mpt import config
 from mpt import speech
 from mpt.machine import isa
 from mpt.measure import layercost
@@ -82,8 +83,7 @@ def _fresh_optimizer(optimizer, policy: str) -> keras.optimizers.Optimizer:
     fresh = type(inner).from_config(inner.get_config())
   except (TypeError, ValueError, AttributeError, NotImplementedError):
     fresh = keras.optimizers.Adam()
-  return keras.optimizers.LossScaleOptimizer(fresh) if policy == "mixed_float16" \
-      else fresh
+  return keras.optimizers.LossScaleOptimizer(fresh) if config.scales(policy) else fresh
 
 
 def stepper(model: keras.Model, batch: tuple, loss: Loss, optimizer, jit: bool,

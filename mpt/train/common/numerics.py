@@ -202,7 +202,7 @@ def for_library(end, done: Callable[[], int], warmup_steps: int,
     x, y, _ = keras.utils.unpack_x_y_sample_weight(end.latest)
     return [(x, y)]
 
-  found = Numerics(policy.name, "dynamic" if policy.name == "mixed_float16" else "none")
+  found = Numerics(policy.name, "dynamic" if config.scales(policy.name) else "none")
   source = Source(model, batches, lambda: _fit_loss(model(), end.opts.api),
                   end.optimizers.loss_scale)
   watch = Watch(source, found, end.run_dir, warmup_steps + 1, done, end.parts,

@@ -10,6 +10,7 @@ float32's range and needs no loss scaling.
 
 import keras
 
+from mpt import config
 from mpt import speech
 from mpt.machine import fastpath
 from mpt.machine import hardware
@@ -81,7 +82,7 @@ def make_optimizer(policy: str, learning_rate: float, loss_scale: str = "dynamic
   A fixed scale is Keras' `loss_scale_factor`: the loss is multiplied by it and the
   gradients divided by it, with no skipping of non-finite steps.
   """
-  if not (policy == "mixed_float16" if scaled is None else scaled):
+  if not (config.scales(policy) if scaled is None else scaled):
     return keras.optimizers.Adam(learning_rate)
   if loss_scale != "dynamic":
     return keras.optimizers.Adam(learning_rate, loss_scale_factor=float(loss_scale))
