@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import importlib.util
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,12 +18,14 @@ import time
 import pytest
 
 from mpt import main
+from mpt.machine import isa
 from mpt.records import cells
 from mpt.records import summary
 from mpt.sweep import cluster as sweep_cluster
 from mpt.sweep import run as sweep
 
 from test_sweep import tiny_sweep
+import helpers
 from helpers import ROOT, TINY_FLAGS, wait_for
 
 # Found, not imported: Ray reads its loopback switch when imported (the fixture).
@@ -205,6 +208,30 @@ def test_a_node_lost_mid_sweep_leaves_its_cells_failed(alpha, beta, tmp_path):
   assert by["beta", "float32"].error.startswith("node lost (")
   assert by["beta", "mixed_bfloat16"].error == "node lost: no node of beta is left"
   assert result["cells_not_completed"] == 2 and main.exit_status(result) == 6
+
+
+def test_a_node_without_a_label_is_named_by_the_cpu_it_reads_itself(alpha):
+  """A node that carries no `machine:NAME` resource is named by its CPU model and
+  GPUs, read on that node (usage.md): here `gamma` reads another recorded cpuinfo
+  than this process does, so only a probe run on gamma can name it so."""
+  import ray
+  broadwell = helpers.CPUINFO / "intel_broadwell_avx2.txt"
+  [model] = re.findall(r"^model name\s*:\s*(.+)$", broadwell.read_text(), re.M)[:1]
+  with _node_env(MPT_CPUINFO=str(broadwell)):
+    gamma = alpha.add_node(num_cpus=1, num_gpus=0, memory=BETA_MEMORY)
+  try:
+    ray.init(address=alpha.address, log_to_driver=False)
+    try:
+      named = sweep_cluster.machines(ray, "all")
+    finally:
+      ray.shutdown()
+  finally:
+    alpha.remove_node(gamma)
+    alpha.wait_for_nodes()
+  assert model != isa.detect().name  # This process' stand-in CPU is another one.
+  assert sorted(named) == sorted(["alpha", model]), named
+  assert len(named["alpha"].nodes) == len(named[model].nodes) == 1
+  assert "scheduling_strategy" in named[model].options  # Pinned to gamma itself.
 
 
 def _children():
