@@ -224,11 +224,6 @@ def inspect_parts(name: str, models: list[keras.Model], batch_size: int = 2,
   }
 
 
-def train_step_flops(report: dict[str, Any], batch_size: int) -> int:
-  """FLOPs of one training step: forward + backward (about twice the forward)."""
-  return 3 * report["forward_flops_per_example"] * batch_size
-
-
 COLUMNS = ("name", "class", "policy", "compute_dtype", "variable_dtype", "output_dtype",
            "params", "flops", "dims", "aligned8")
 

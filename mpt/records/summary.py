@@ -136,7 +136,13 @@ class RunSummary:
   memory: MemoryPlan | None = None
   flops_share_16bit: float | None = None
   # FLOP rates: the run's, the machine's peak, the microbenchmark's measured rate.
+  # flops_per_step: one step at the global batch, and how it was counted
+  # (flops_counted_by: the traced step's graph, mpt/train/common/stepflops.py; None:
+  # not counted, not_measured["flops"] says why). flops_matmul: of which the
+  # MatMul/BatchMatMul/Einsum/convolution ops.
   flops_per_step: int | None = None
+  flops_counted_by: str | None = None
+  flops_matmul: int | None = None
   achieved_gflops: float | None = None
   peak_gflops: float | None = None
   peak_source: str | None = None

@@ -41,6 +41,7 @@ from mpt.train.common import keras_fit
 from mpt.train.common import numerics as numerics_lib
 from mpt.train.common import precision
 from mpt.train.common import steps as steps_lib
+from mpt.train.common import stepflops
 from mpt.train.cli.prepare import Run
 
 
@@ -60,10 +61,12 @@ class RunCallbacks:
   loss_factor: tf.Variable | None = None  # What the fault injector sets, or None.
   kills: guards.KillPoints | None = None  # MPT_KILL_AT, or None.
   numerics: numerics_lib.Watch | None = None  # --numerics' samples, or None.
+  flops: stepflops.CountStep | None = None  # The step's FLOPs (with --instrument).
 
   @property
   def ordered(self) -> list[keras.callbacks.Callback]:
-    first = [c for c in (self.counter, self.metrics, self.window, self.faults)
+    first = [c for c in (self.counter, self.metrics, self.window, self.faults,
+                         self.flops)
              if c is not None]
     lines = [self.lines] if self.lines else []
     kills = [self.kills] if self.kills else []
@@ -85,7 +88,7 @@ def make(run: Run) -> RunCallbacks:
       str(run.out_dir), timer, cfg.batch_size, every=cfg.log_every,
       detailed=cfg.instrument,
       sources=instrument.Sources(
-          flops_per_step=run.flops_per_step, sampler=run.sampler,
+          sampler=run.sampler,
           precision_state=lambda: precision.scalars(optimizer, counter.done)),
       opening=instrument.Opening(
           _texts(run), hparams(cfg) if cfg.instrument and not cfg.resume else None,
@@ -100,6 +103,9 @@ def make(run: Run) -> RunCallbacks:
       flush=writer.flush)
   found = RunCallbacks(counter, timer, writer, guard, checkpoints,
                        guards.SignalStop(lambda: counter.done, spe), metrics)
+  if cfg.instrument:  # The step's FLOPs, from its graph once it ran (stepflops.py).
+    found.flops = stepflops.CountStep(writer.sources, default_args=(
+        stepflops.batch_specs(run.data.val.element_spec, cfg.batch_size),))
   found.numerics = numerics_lib.for_run(run, steps_lib.make_loss(), lambda: counter.done,
                                         writer)
   if injection.kill_at():

@@ -76,11 +76,6 @@ class Run:
     """The run's wall time so far, its attempts before a resume included."""
     return self.prior.get("wall_s", 0.0) + time.perf_counter() - self.started
 
-  @property
-  def flops_per_step(self) -> int | None:
-    """FLOPs of one training step at the global batch (None: --noinstrument)."""
-    return (dtypes_lib.train_step_flops(self.report, self.cfg.batch_size)
-            if self.report else None)
 
 
 def resume_config(cfg: config.Config) -> config.Config:

@@ -41,12 +41,13 @@ def _memory(plan: MemoryPlan | None) -> MemoryPlan | None:
 
 
 def build(run: Run, timer: instrument.StepTimer, status: str,
-          message: str | None = None) -> RunSummary:
-  """summary.json of `run` ending with `status` now (`timer`: its step timer)."""
+          message: str | None = None, flops=None) -> RunSummary:
+  """summary.json of `run` ending with `status` now (`timer`: its step timer; `flops`:
+  the step's FLOP count, a stepflops.CountStep, or None)."""
   wall_s = run.wall_s()
   cfg, data, ckpt = run.cfg, run.data, run.ckpt
   compute_dtype = run.policy.compute_dtype
-  found = figures_lib.figures(timer, cfg.batch_size, run.flops_per_step,
+  found = figures_lib.figures(timer, cfg.batch_size, flops.per_step if flops else None,
                               compute_dtype, run.optimizer)
   achieved = found["achieved_gflops"]
   # The best matmul rate `--mode=microbench` measured here, per dtype (None: not run).
@@ -85,4 +86,6 @@ def build(run: Run, timer: instrument.StepTimer, status: str,
                       "total": sum(ckpt.save_ms), "saves": len(ckpt.save_ms)}
                      if ckpt.save_ms else None),
       hardware=hardware.facts(),
+      **figures_lib.counted(flops),
+      not_measured={"flops": flops.not_counted} if flops and flops.not_counted else {},
       **found, **figures_lib.software(), **run.dist.summary(cfg.batch_size))

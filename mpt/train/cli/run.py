@@ -153,7 +153,7 @@ def finish(run: Run, cbs: RunCallbacks, status: str, message: str | None,
     run.sampler.stop()
   if cbs.numerics and status in ("completed", "diverged") and not _folder_gone(run):
     cbs.numerics.finish()  # The end's sample (best effort).
-  summary = record.build(run, cbs.timer, status, message)
+  summary = record.build(run, cbs.timer, status, message, cbs.flops)
   if status == "interrupted" and cbs.stop.signal is not None:
     summary.stop_signal = signal.Signals(cbs.stop.signal).name
   if _folder_gone(run):  # Nothing to write into; say why once.

@@ -70,3 +70,14 @@ def software() -> dict[str, Any]:
   return dict(device=hardware.device_name(), tf_version=tf.__version__,
               keras_version=keras.__version__,
               python_version=platform.python_version())
+
+
+def counted(flops) -> dict:
+  """summary.json's fields of how the step's FLOPs were counted (`flops`: a
+  stepflops.CountStep, or None where nothing was counted: --noinstrument); why not,
+  where not, is its `not_counted` (the caller's not_measured["flops"])."""
+  if flops is None:
+    return {}
+  found = flops.found
+  return {"flops_counted_by": found.how if flops.per_step else None,
+          "flops_matmul": found.matmul if flops.per_step else None}

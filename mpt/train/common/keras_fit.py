@@ -73,6 +73,32 @@ def step_marker(step: int) -> Any:
   return tf.profiler.experimental.Trace("train", step_num=step, _r=1)
 
 
+def function_graph(graph: Any, name: str) -> Any:
+  """The graph of function `name` that an op of `graph` (a FuncGraph) calls, looked
+  up in it and its outer graphs; None where TF keeps no Python graph for it. TF has no
+  public look-up: FuncGraph._functions holds the functions a graph calls (TF 2.21:
+  AtomicFunction objects, whose `graph` is the FuncGraph)."""
+  while graph is not None:
+    fn = getattr(graph, "_functions", {}).get(name)
+    if fn is not None:
+      return getattr(fn, "graph", None)
+    graph = getattr(graph, "outer_graph", None)
+  return None
+
+
+def registered_flops(graph: Any, op: Any) -> int | None:
+  """The FLOPs TensorFlow's own op statistics give `op` of `graph` (the registry its
+  profiler reads, `RegisterStatistics(type, "flops")`); None where no statistic is
+  registered for the op's type. Raises ValueError where the statistic needs a shape
+  the graph does not fix. The registry is only reachable through tensorflow.python
+  (TF 2.21), and reads shapes through a deprecated v1 helper, silenced here."""
+  from tensorflow.python.framework import ops as tf_ops
+  from tensorflow.python.util import deprecation
+  with deprecation.silence():
+    stats = tf_ops.get_stats_for_node_def(graph, op.node_def, "flops")
+  return None if stats.value is None else int(stats.value)
+
+
 def onednn_rewrite_on() -> bool:
   """Whether TensorFlow's oneDNN graph rewrite is on in this process. TF 2.21 turns it
   on by default only on CPUs with AVX512_VNNI, AVX512_BF16 or AMX (and always when

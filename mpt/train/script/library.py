@@ -44,6 +44,7 @@ from mpt.records.summary import RunSummary
 from mpt.train.common import besteffort
 from mpt.train.common import ending
 from mpt.train.common import figures as figures_lib
+from mpt.train.common import stepflops
 from mpt.train.common import keras_fit
 from mpt.train.common import numerics as numerics_lib
 from mpt.train.common import precision
@@ -90,6 +91,7 @@ class RunFolder(keras.callbacks.Callback):
     self.program = program_lib.Program(api=opts.api, batch_size=opts.batch_size)
     self.report, self.verdict, self.batch, self.inspected = None, None, None, False
     self.latest = None  # The last batch fed.
+    self.flops = stepflops.CountStep(writer.sources)  # The step's, after step 1.
     # mpt.track: how the loop ended (mpt/errors.py `ended`), and what happened.
     self.status, self.message = "completed", None
     self.start = time.perf_counter()
@@ -141,6 +143,7 @@ class RunFolder(keras.callbacks.Callback):
     if not self.inspected:  # After the first step: the model is built, a batch seen.
       self.inspected = True
       self.parts.attempt("inspect", self._inspect)
+      self.parts.attempt("flops", self._count_flops)
       self.parts.attempt("cost", scriptcost.before_training, self)
       self.verdict = self.parts.attempt("verdict", precision.check_speed,
                                         self.policy_name(), self._layer_classes(),
@@ -160,13 +163,16 @@ class RunFolder(keras.callbacks.Callback):
     files.write_json(self.run_dir / "dtypes.json", self.report)
     print(dtypes_lib.one_line(self.report), flush=True)
     self.writer.text("inspect/dtypes", dtypes_lib.format_table(self.report, True))
-    if "parts" in self.report:  # Which part runs how often in a step is the program's.
-      self.not_measured["flops"] = (
-          f"{self.name} trains several models in one step; how often each runs "
-          "forward and backward is the program's own, so no FLOP count is claimed")
-      return
-    self.writer.sources.flops_per_step = dtypes_lib.train_step_flops(
-        self.report, self.opts.batch_size)
+
+  def _count_flops(self) -> None:
+    """The step's FLOPs from its graph: a tracked loop's own step (Tracker.step gave
+    it), else the train_step fit runs, traced for the first batch fit fed."""
+    self.flops.set_model(self.model)
+    if self.flops.step is None:
+      self.flops.default_args = (self.batch,) if self.batch is not None else None
+    self.flops.on_train_batch_end(0)
+    if self.flops.not_counted:
+      self.not_measured["flops"] = self.flops.not_counted
 
   def _fed(self, x) -> None:
     """What the program fed (its inputs' shapes), and its batch checked against the
@@ -271,7 +277,8 @@ class RunFolder(keras.callbacks.Callback):
         hardware=hardware.facts(), policy_verdict=self.verdict, cost=self.cost,
         layer_costs=self.layer_costs,
         layer_policy=policies.entries(keras.mixed_precision.global_policy()),
-        not_measured=self.not_measured, **found, **figures_lib.software())
+        not_measured=self.not_measured, **figures_lib.counted(self.flops),
+        **found, **figures_lib.software())
 
 
 def make(run_dir: str, opts: Options, *, warmup_steps: int = 5, log_every: int = 10,

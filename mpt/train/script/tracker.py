@@ -95,6 +95,8 @@ class Tracker:
       batch = self.counter.done
       if args:  # The inspection's real batch, where it fits the model.
         self.folder.keep(args[0])
+      if self.folder.flops.step is None:  # The step whose graph is counted.
+        self.folder.flops.use(fn, *args, **kwargs)
       self.callbacks.on_train_batch_begin(batch)
       out = fn(*args, **kwargs)
       self.last_logs = self.folder.parts.attempt("timer", _materialised, out,

@@ -121,6 +121,9 @@ def test_mirrored_on_two_logical_cpus_matches_one_device(tiny, loop, policy):
   assert report["policy"] == policy and report["gradients_match_variables"]
   if policy == "mixed_float16":
     assert two["loss_scale"] == one["loss_scale"]
+  # The step's FLOPs, counted from each replica's ops: the global batch's, as on one.
+  flops = lambda run: json.loads(open(f"{run}/summary.json").read())["flops_matmul"]
+  assert flops(two["run_dir"]) == pytest.approx(flops(one["run_dir"]), rel=1e-6)
 
 
 def test_per_replica_batchnorm_statistics_differ_from_one_device(tiny):

@@ -92,6 +92,20 @@ def test_step_marker_is_a_step_root_event_in_a_trace(tmp_path):
       "keras_fit.step_marker")
 
 
+def test_a_called_functions_graph_and_tfs_op_statistics_are_still_found():
+  """stepflops.py reads the graphs of the functions a step calls and TF's registry of
+  op FLOP statistics through these two: an upgrade that moves either fails here."""
+  import tensorflow as tf
+  inner = tf.function(lambda a: tf.matmul(a, a))
+  graph = tf.function(lambda a: inner(a)).get_concrete_function(
+      tf.TensorSpec([3, 3])).graph
+  [call] = [op for op in graph.get_operations() if op.type.endswith("PartitionedCall")]
+  called = keras_fit.function_graph(graph, call.get_attr("f").name)
+  [matmul] = [op for op in called.get_operations() if op.type == "MatMul"]
+  assert keras_fit.registered_flops(called, matmul) == 2 * 3 * 3 * 3
+  assert keras_fit.function_graph(graph, "no_such_function") is None
+
+
 def test_onednn_rewrite_on_still_reads_tfs_switch(children):
   """The switch by its documented variable, in two children started together (TF
   reads it once, at the first op): off with TF_ENABLE_ONEDNN_OPTS=0 and on with 1, on

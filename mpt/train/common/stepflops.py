@@ -1,0 +1,326 @@
+"""FLOPs of a step as TensorFlow runs it: counted from the ops of the step's traced
+graph, forward and backward, instead of from a table of Keras layer classes.
+
+A step is a `tf.function` (the command line's, Keras' `train_step`, a script's own);
+its concrete graph holds every op the step runs: each MatMul, BatchMatMul, Einsum and
+convolution and their gradients, a custom layer's own ops, every model the step
+calls, a gradient taken to the inputs only. An op counts only where its output is
+used: as TensorFlow's function runtime does, the ops outside the fan-in of the step's
+outputs and of its stateful ops (a gradient nothing reads: the first convolution's
+input gradient) are pruned before they run, and so are not counted here.
+
+Per op: TensorFlow's own FLOP statistics (`RegisterStatistics(op, "flops")`: MatMul,
+Conv2D and its two gradients, Conv3D, DepthwiseConv2dNative, the elementwise
+arithmetic) where it registers one; this module's formula for the matmul-class ops it
+does not register (Einsum, the depthwise and 3-D convolution gradients) and for
+BatchMatMul, whose registered statistic ignores a transposed operand; for a
+function call, a branch (If: the larger branch) or a loop whose trip count the graph
+fixes, the ops inside. Any other op's FLOPs are unknown and counted as such
+(`uncounted`), never guessed: a While loop of unknown length, an op with a shape only
+known at run time. Ops nobody registers FLOPs for (Relu, casts, reshapes) are not
+counted, as TensorFlow's profiler does not count them.
+
+A multiply-add counts as 2 FLOPs, as everywhere in mpt.
+"""
+
+import collections
+import dataclasses
+import math
+import re
+
+import keras
+import tensorflow as tf
+
+from mpt.train.common import keras_fit
+
+HOW = ("graph: the ops of the traced step, forward and backward, as TensorFlow runs "
+       "them (TensorFlow's registered op statistics; mpt's formula for Einsum, "
+       "BatchMatMul and the convolution gradients)")
+# The ops whose FLOPs make a step's arithmetic: the ones a peak rate is about.
+MATMUL_OPS = {"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum",
+              "Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter", "Conv3D",
+              "Conv3DBackpropInputV2", "Conv3DBackpropFilterV2", "DepthwiseConv2dNative",
+              "DepthwiseConv2dNativeBackpropInput", "DepthwiseConv2dNativeBackpropFilter"}
+CALLS = {"PartitionedCall", "StatefulPartitionedCall"}
+BRANCHES = {"If", "StatelessIf"}
+LOOPS = {"While", "StatelessWhile"}
+_GRADIENT_SCOPE = "gradient_tape/"
+
+
+@dataclasses.dataclass
+class StepFlops:
+  """One step's FLOPs at the batch it was traced with."""
+  total: int = 0
+  matmul: int = 0  # Of which MatMul/BatchMatMul/Einsum/convolutions, both passes.
+  by_scope: dict[str, int] = dataclasses.field(default_factory=dict)  # Layer path.
+  uncounted: dict[str, int] = dataclasses.field(default_factory=dict)  # Op type: n.
+  how: str = HOW
+
+  def add(self, other: "StepFlops", times: int = 1) -> None:
+    self.total += other.total * times
+    self.matmul += other.matmul * times
+    for scope, n in other.by_scope.items():
+      self.by_scope[scope] = self.by_scope.get(scope, 0) + n * times
+    for kind, n in other.uncounted.items():
+      self.uncounted[kind] = self.uncounted.get(kind, 0) + n
+
+
+def of_step(step, *args, **kwargs) -> StepFlops:
+  """The FLOPs of `step(*args, **kwargs)`: a tf.function's concrete function for these
+  arguments (traced already where the step ran with them: no second trace), or a
+  Python function traced once for counting (nothing runs)."""
+  fn = step if hasattr(step, "get_concrete_function") else tf.function(step)
+  return count(fn.get_concrete_function(*args, **kwargs).graph)
+
+
+def count(graph) -> StepFlops:
+  """The FLOPs of the ops of `graph` (a FuncGraph) that run."""
+  found = StepFlops()
+  for op in _running(graph):
+    _count_op(graph, op, found)
+  return found
+
+
+def _running(graph) -> list:
+  """The ops in the fan-in of the graph's outputs and stateful ops (what runs)."""
+  roots = [t.op for t in getattr(graph, "outputs", []) if t is not None]
+  roots += list(getattr(graph, "control_outputs", []))
+  roots += [op for op in graph.get_operations() if op.op_def.is_stateful and
+            op.type not in ("Placeholder", "VarHandleOp")]
+  seen, stack = set(), list(roots)
+  while stack:
+    op = stack.pop()
+    if op.name in seen:
+      continue
+    seen.add(op.name)
+    stack.extend(t.op for t in op.inputs)
+    stack.extend(op.control_inputs)
+  return [op for op in graph.get_operations() if op.name in seen]
+
+
+def _count_op(graph, op, found: StepFlops) -> None:
+  if op.type in CALLS:
+    inner = _function(graph, op.get_attr("f").name)
+    if inner is None:
+      found.uncounted[op.type] = found.uncounted.get(op.type, 0) + 1
+    else:
+      found.add(count(inner))
+    return
+  if op.type in BRANCHES:
+    branches = [_function(graph, op.get_attr(a).name) for a in ("then_branch", "else_branch")]
+    if any(b is None for b in branches):
+      found.uncounted[op.type] = found.uncounted.get(op.type, 0) + 1
+    else:
+      found.add(max((count(b) for b in branches), key=lambda f: f.total))
+    return
+  if op.type in LOOPS:
+    body = count(_function(graph, op.get_attr("body").name)) if _function(
+        graph, op.get_attr("body").name) is not None else None
+    if body is not None and body.total == 0:
+      return  # A loop of no arithmetic (a counter): nothing to know.
+    found.uncounted[op.type] = found.uncounted.get(op.type, 0) + 1
+    return
+  flops = _flops(graph, op)
+  if flops is None:
+    if op.type in MATMUL_OPS:
+      found.uncounted[op.type] = found.uncounted.get(op.type, 0) + 1
+    return
+  if not flops:
+    return
+  found.total += flops
+  if op.type in MATMUL_OPS:
+    found.matmul += flops
+  scope = scope_of(op.name)
+  found.by_scope[scope] = found.by_scope.get(scope, 0) + flops
+
+
+def scope_of(name: str) -> str:
+  """The layer path an op belongs to: its name scope without the gradient's prefix
+  and without the op's own trailing names (`gradient_tape/model/conv1/convolution/
+  Conv2DBackpropFilter` -> `model/conv1`)."""
+  if name.startswith(_GRADIENT_SCOPE):
+    name = name[len(_GRADIENT_SCOPE):]
+  parts = name.split("/")[:-1]
+  # The op's own sub-scopes (`convolution`, `MatMul`, `einsum`) after the layer's.
+  while parts and parts[-1] in _OP_SCOPES:
+    parts.pop()
+  return "/".join(parts)
+
+
+_OP_SCOPES = {"convolution", "MatMul", "einsum", "Einsum", "BiasAdd", "depthwise",
+              "BatchMatMulV2", "BatchMatMulV3", "Conv2D", "Relu", "Softmax", "Mul",
+              "AddV2", "Add", "add", "mul", "truediv", "sub", "Sum", "Mean"}
+
+
+_function = keras_fit.function_graph
+
+
+def _flops(graph, op) -> int | None:
+  """FLOPs of one op; None: unknown (no statistic and a matmul-class op, or a shape
+  only known at run time); 0: no arithmetic counted."""
+  own = _OWN.get(op.type)
+  if own is not None:
+    try:
+      return own(op)
+    except (ValueError, TypeError):
+      return None
+  try:
+    value = keras_fit.registered_flops(graph, op)
+  except (ValueError, TypeError):
+    return None  # A statistic that needs a shape the graph does not fix.
+  if value is None:
+    return None if op.type in MATMUL_OPS else 0
+  return value
+
+
+def _shape(tensor) -> list[int]:
+  dims = tensor.shape.as_list() if tensor.shape.rank is not None else None
+  if dims is None or any(d is None for d in dims):
+    raise ValueError(f"{tensor.name}: shape not fixed in the graph")
+  return dims
+
+
+def _einsum(op) -> int:
+  """2 x the product of every index's extent (each output element sums over the
+  contracted indices): the equation and the operands' shapes."""
+  equation = op.get_attr("equation").decode()
+  inputs, _ = equation.replace(" ", "").split("->")
+  extent = {}
+  for spec, tensor in zip(inputs.split(","), op.inputs):
+    dims = _shape(tensor)
+    if "." in spec:
+      raise ValueError("ellipsis einsum")
+    for letter, size in zip(spec, dims):
+      extent[letter] = max(extent.get(letter, 1), size)
+  return 2 * math.prod(extent.values())
+
+
+def _conv_backprop(op) -> int:
+  """A convolution's gradient costs what its forward op costs: 2 x the output's
+  elements x the filter's work per output, read from the forward shapes the
+  gradient op is given (input sizes or filter sizes, and the out_backprop)."""
+  out = _shape(op.inputs[2])  # out_backprop: the forward op's output.
+  if op.type.endswith("BackpropInput") or op.type.endswith("BackpropInputV2"):
+    filt = _shape(op.inputs[1])
+  else:
+    filt = tf.get_static_value(op.inputs[1])
+    if filt is None:
+      raise ValueError("filter sizes not constant")
+    filt = [int(d) for d in filt]
+  if op.type.startswith("DepthwiseConv2dNative"):
+    # filter [h, w, in, multiplier]; each output element is one input channel's window.
+    return 2 * math.prod(out) * filt[0] * filt[1]
+  *window, c_in, _ = filt
+  return 2 * math.prod(out) * math.prod(window) * c_in
+
+
+def _batch_matmul(op) -> int:
+  """2 x the contracted extent x the output's elements. TensorFlow's statistic for
+  BatchMatMul (TF 2.21) takes the contracted extent from x's last dimension even
+  where adj_x transposes it (a weight's gradient: [b, t, in]^T x [b, t, out]), which
+  counts such a product by in/t too much or too little."""
+  x = _shape(op.inputs[0])
+  adj_x = op.get_attr("adj_x")
+  k = x[-2] if adj_x else x[-1]
+  return 2 * k * math.prod(_shape(op.outputs[0]))
+
+
+_OWN = {"Einsum": _einsum, "BatchMatMul": _batch_matmul, "BatchMatMulV2": _batch_matmul,
+        "BatchMatMulV3": _batch_matmul,
+        "Conv3DBackpropInputV2": _conv_backprop, "Conv3DBackpropFilterV2": _conv_backprop,
+        "DepthwiseConv2dNativeBackpropInput": _conv_backprop,
+        "DepthwiseConv2dNativeBackpropFilter": _conv_backprop}
+
+
+def layer_paths(scopes: dict[str, int], names: set[str]) -> dict[str, int]:
+  """`by_scope` keyed by layer paths readable against `names` (the layers' own names):
+  the `_1` suffixes a second trace gives a name scope dropped where the name without
+  it is a layer's."""
+  out: dict[str, int] = collections.defaultdict(int)
+  for scope, n in scopes.items():
+    parts = [p if p in names else re.sub(r"_\d+$", "", p)
+             if re.sub(r"_\d+$", "", p) in names else p for p in scope.split("/")]
+    out["/".join(parts)] += n
+  return dict(out)
+
+
+def batch_specs(element_spec, batch: int):
+  """TensorSpecs of one batch of `batch` examples, from a dataset's element_spec (the
+  batch dimension fixed: a graph traced with it has every shape known)."""
+  return tf.nest.map_structure(
+      lambda s: tf.TensorSpec([batch, *s.shape[1:]], s.dtype), element_spec)
+
+
+class CountStep(keras.callbacks.Callback):
+  """Counts the training step's FLOPs once, after the first step ran (the step is
+  traced and every variable built by then): `found` (StepFlops), or `not_counted`
+  saying why not. Best effort: a failure is a line and the reason, never an
+  exception in the training.
+
+  `step` and `args` say which step: `use(step, *args)` (a loop's own tf.function and
+  its arguments' specs), or by default Keras' `train_step` of the model fit trains,
+  traced for `default_args` (one batch's specs)."""
+
+  def __init__(self, sources=None, default_args: tuple | None = None):
+    super().__init__()
+    self.sources, self.default_args = sources, default_args
+    self.step, self.args, self.kwargs = None, None, {}
+    self.no_graph: str | None = None  # Why the step has no graph to count.
+    self.found: StepFlops | None = None
+    self.not_counted: str | None = None
+    self._done = False
+
+  def use(self, step, *args, **kwargs) -> None:
+    if not hasattr(step, "get_concrete_function"):
+      self.no_graph = ("the step is a Python function run eagerly, not a tf.function: "
+                       "there is no graph to count its FLOPs from")
+    self.step, self.args, self.kwargs = step, args, kwargs
+
+  @property
+  def per_step(self) -> int | None:
+    """The step's FLOPs; None where not counted or where some are unknown."""
+    return self.found.total if self.found and not self.found.uncounted else None
+
+  def _keras_step(self):
+    """Keras' train_step of the model fit trains, and the arguments to trace it with;
+    under a strategy of several replicas, run on each replica as fit runs it, each
+    with its share of the batch (the graph then holds every replica's ops: the
+    global batch's FLOPs)."""
+    # Traced as Keras traces it: without AutoGraph (its one_step_on_data is marked
+    # do_not_convert), which also makes this second trace cheaper.
+    trace = lambda fn: tf.function(fn, autograph=False)
+    strategy = getattr(self.model, "distribute_strategy", None) or \
+        tf.distribute.get_strategy()
+    replicas = strategy.num_replicas_in_sync
+    if replicas == 1 or self.default_args is None:
+      return trace(self.model.train_step), self.default_args
+    share = lambda t: tf.TensorSpec([t.shape[0] // replicas, *t.shape[1:]], t.dtype)
+    args = tf.nest.map_structure(share, self.default_args)
+    return trace(lambda data: strategy.run(self.model.train_step, args=(data,))), args
+
+  def on_train_batch_end(self, batch, logs=None):
+    if self._done:
+      return
+    self._done = True
+    if self.no_graph:
+      self.not_counted = self.no_graph
+      return
+    try:
+      step, args = self.step, self.args
+      if step is None:
+        step, args = self._keras_step()
+      if args is None:
+        self.not_counted = ("no batch of the step was seen to trace it with (fit "
+                            "fetches its own batches under steps_per_execution > 1)")
+        return
+      self.found = of_step(step, *args, **self.kwargs)
+    except Exception as e:  # Best effort: the training goes on.
+      self.not_counted = f"the step's graph could not be counted: {type(e).__name__}: {e}"
+      print(f"mpt: FLOPs not counted: {self.not_counted}", flush=True)
+      return
+    if self.found.uncounted:
+      kinds = ", ".join(f"{k} x{n}" for k, n in sorted(self.found.uncounted.items()))
+      self.not_counted = (f"the step runs ops whose FLOPs the graph does not fix "
+                          f"({kinds}); {self.found.total:,} FLOPs counted, no total claimed")
+    if self.sources is not None:
+      self.sources.flops_per_step = self.per_step

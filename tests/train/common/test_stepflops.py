@@ -1,0 +1,175 @@
+"""The step's FLOPs counted from its traced graph (mpt/train/common/stepflops.py),
+against counts written here by hand from each model's shapes: a multiply-add is 2
+FLOPs; a matmul of [m, k] x [k, n] is 2mkn; its backward is one such product for the
+weights' gradient and one for the input's, the latter only where something upstream
+needs it (TensorFlow prunes the rest before it runs)."""
+
+import json
+
+import keras
+import pytest
+import tensorflow as tf
+
+from mpt.train.common import stepflops
+
+B, T = 4, 6
+
+
+def dense(m, k, n):  # One [m, k] x [k, n] product.
+  return 2 * m * k * n
+
+
+def train_step(model, loss_of=None, extra=None):
+  """A step as keras.io's loops write it: forward, loss, gradients, optimizer."""
+  optimizer = keras.optimizers.SGD(0.01)
+  optimizer.build(model.trainable_variables)
+
+  @tf.function
+  def step(x):
+    with tf.GradientTape() as tape:
+      y = model(x, training=True)
+      loss = tf.reduce_mean(tf.cast(y, tf.float32) ** 2)
+    grads = tape.gradient(loss, model.trainable_variables)
+    optimizer.apply(grads, model.trainable_variables)
+    if extra is not None:  # What the step also computes and returns (a metric).
+      return loss, extra(x)
+    return loss
+  return step
+
+
+def mlp(name="mlp", trainable=True):
+  model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(64, activation="relu"),
+                            keras.layers.Dense(10)], name=name)
+  model.trainable = trainable
+  return model
+
+
+def test_a_dense_chain_counts_no_input_gradient_at_the_first_layer():
+  found = stepflops.of_step(train_step(mlp()), tf.zeros([B, 32]))
+  hand = 2 * dense(B, 32, 64) + 3 * dense(B, 64, 10)
+  assert found.matmul == pytest.approx(hand, rel=0.1) and not found.uncounted
+  assert found.total >= found.matmul
+
+
+def test_einsum_dense_projections_are_counted_as_matmuls():
+  """EinsumDense (the Transformer's projections) runs Einsum, which TensorFlow
+  registers no FLOP statistic for: counted by mpt's own rule, not as one FLOP per
+  output element."""
+  model = keras.Sequential([
+      keras.Input((T, 8)),
+      keras.layers.EinsumDense("abc,cd->abd", output_shape=(T, 16)),
+      keras.layers.EinsumDense("abd,de->abe", output_shape=(T, 4))])
+  found = stepflops.of_step(train_step(model), tf.zeros([B, T, 8]))
+  hand = 2 * dense(B * T, 8, 16) + 3 * dense(B * T, 16, 4)
+  assert found.matmul == pytest.approx(hand, rel=0.1), found
+
+
+class OwnMatmul(keras.layers.Layer):
+  """A custom layer doing its own matmul on its own weight."""
+
+  def build(self, shape):
+    self.w = self.add_weight(shape=(shape[-1], 16))
+
+  def call(self, x):
+    return keras.ops.matmul(x, self.w)
+
+
+def test_a_custom_layers_own_matmul_is_counted():
+  model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(8), OwnMatmul()])
+  found = stepflops.of_step(train_step(model), tf.zeros([B, 32]))
+  hand = 2 * dense(B, 32, 8) + 3 * dense(B, 8, 16)
+  assert found.matmul == pytest.approx(hand, rel=0.1), found
+
+
+def test_self_attention_counts_its_projections_and_both_attention_products():
+  heads, key_dim, width = 2, 4, 8
+  x = keras.Input((T, width))
+  y = keras.layers.MultiHeadAttention(heads, key_dim)(x, x)
+  found = stepflops.of_step(train_step(keras.Model(x, y)), tf.zeros([B, T, width]))
+  projection = dense(B * T, width, heads * key_dim)  # Each of q, k, v and the output.
+  product = heads * dense(B * T, key_dim, T)  # q.k^T per head, and the same for a.v.
+  # Forward: 4 projections, 2 products. Backward: the 4 weights' gradients, the
+  # output projection's input gradient, and both operands' gradients of each product
+  # (q, k, v have no input gradient: x is the input).
+  hand = (4 + 4 + 1) * projection + (2 + 4) * product
+  assert found.matmul == pytest.approx(hand, rel=0.1), found
+
+
+def test_an_ema_copy_only_read_counts_its_forward_only():
+  net, ema = mlp("net"), mlp("ema", trainable=False)
+  found = stepflops.of_step(train_step(net, extra=lambda x: tf.reduce_mean(ema(x))),
+                            tf.zeros([B, 32]))
+  trained = 2 * dense(B, 32, 64) + 3 * dense(B, 64, 10)
+  read = dense(B, 32, 64) + dense(B, 64, 10)
+  assert found.matmul == pytest.approx(trained + read, rel=0.1), found
+  assert found.by_scope and any(s.startswith("ema") for s in found.by_scope)
+
+
+def test_an_input_gradient_loop_counts_input_gradients_and_no_weight_gradient():
+  """Style transfer's shape: the net frozen, the image the only variable trained."""
+  net = mlp(trainable=False)
+  image = tf.Variable(tf.zeros([B, 32]))
+  optimizer = keras.optimizers.Adam(0.01)
+  optimizer.build([image])
+
+  @tf.function
+  def step():
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_sum(net(image))
+    optimizer.apply([tape.gradient(loss, image)], [image])
+    return loss
+
+  found = stepflops.of_step(step)
+  hand = 2 * (dense(B, 32, 64) + dense(B, 64, 10))  # Forward, and each input gradient.
+  assert found.matmul == pytest.approx(hand, rel=0.1), found
+
+
+def test_a_loop_of_unknown_length_is_said_not_guessed():
+  model = keras.Sequential([keras.Input((None, 4)), keras.layers.LSTM(8)])
+  found = stepflops.of_step(train_step(model), tf.zeros([B, T, 4]))
+  assert found.uncounted, found
+  count = stepflops.CountStep()
+  count.use(train_step(model), tf.zeros([B, T, 4]))
+  count.on_train_batch_end(0)
+  assert count.per_step is None and "no total claimed" in count.not_counted
+
+
+def test_an_eager_step_has_no_graph_and_says_so():
+  count = stepflops.CountStep()
+  count.use(lambda x: x, tf.zeros([1]))
+  count.on_train_batch_end(0)
+  assert count.per_step is None and "not a tf.function" in count.not_counted
+
+
+def seed_convnet_matmul_flops(model, batch: int) -> int:
+  """The seed convnet's step by hand from its layers' shapes: each convolution 2 x
+  outputs x window x input channels, forward and the weights' gradient, and the
+  input's gradient except at the first layer; the classifier likewise."""
+  total, first = 0, True
+  for layer in model.layers:
+    if isinstance(layer, keras.layers.Conv2D):
+      out = 1
+      for d in layer.output.shape[1:]:
+        out *= d
+      kh, kw = layer.kernel_size
+      one = 2 * out * kh * kw * layer.input.shape[-1] * batch
+    elif isinstance(layer, keras.layers.Dense):
+      one = dense(batch, layer.input.shape[-1], layer.units)
+    else:
+      continue
+    total += (2 if first else 3) * one
+    first = False
+  return total
+
+
+def test_the_command_lines_run_records_the_graphs_count(tiny):
+  from mpt import models
+  from mpt.train.cli import run as train
+  result = train.train_and_evaluate(tiny(epochs=1, synthetic_train=16, loop="custom"))
+  summary = json.loads(open(f"{result['run_dir']}/summary.json").read())
+  hand = seed_convnet_matmul_flops(models.build("seed_convnet", (16, 16, 3), 10), 8)
+  assert summary["flops_matmul"] == pytest.approx(hand, rel=0.1)
+  assert summary["flops_per_step"] >= summary["flops_matmul"]
+  assert summary["flops_counted_by"].startswith("graph:")
+  assert summary["achieved_gflops"] == pytest.approx(
+      summary["flops_per_step"] / summary["ms_per_step"] / 1e6, rel=1e-6)
