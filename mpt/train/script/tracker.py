@@ -142,4 +142,9 @@ class Tracker:
       return
     self.folder.status, self.folder.message = errors.ended(
         error if kind is not None else None)
+    if self.epoch == 0:  # No end_epoch: the run's metrics are the last step's.
+      self.folder.timer.epoch_logs = dict(self.last_logs)
+      self.folder.not_measured["epochs"] = (
+          f"the loop never called run.end_epoch(): {self.counter.done} steps, no "
+          "epoch marked; the metrics are those its last step returned")
     self.callbacks.on_train_end()

@@ -229,6 +229,57 @@ def test_a_loop_that_never_steps_says_so(tmp_path, capsys):
   assert not (tmp_path / "r" / "summary.json").exists()
 
 
+def test_a_loop_without_end_epoch_keeps_its_last_steps_metrics_and_its_flops(tmp_path):
+  """No run.end_epoch(): the run's metrics are what the last tracked step returned, no
+  epoch is claimed, and the step's FLOPs come from the tracked tf.function's own
+  graph: a Dense 4->2 at batch 8, forward and its weights' gradient (2 x 2*8*4*2)."""
+  import keras
+  import numpy as np
+  import tensorflow as tf
+  import mpt
+  model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+  opt = keras.optimizers.SGD(0.1)
+  opt.build(model.trainable_variables)
+
+  @tf.function
+  def train_step(x):
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_mean(model(x) ** 2)
+    opt.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+    return {"loss": loss, "score": 2 * loss}
+
+  run = mpt.track(str(tmp_path / "r"), model, batch_size=8, optimizer=opt,
+                  warmup_steps=1, sample_every=None, diagnose=False)
+  step = run.step(train_step)
+  with run:
+    for _ in range(3):
+      logs = step(np.ones((8, 4), "float32"))
+  summary = summary_lib.read(tmp_path / "r" / "summary.json")
+  last = float(logs["loss"])
+  assert summary.metrics == pytest.approx({"loss": last, "score": 2 * last})
+  assert summary.train_loss == pytest.approx(last) and summary.epochs_completed == 0
+  assert "never called run.end_epoch()" in summary.not_measured["epochs"]
+  assert summary.flops_matmul == 2 * (2 * 8 * 4 * 2)
+  assert summary.flops_counted_by.startswith("graph:")
+
+
+def test_an_eager_tracked_step_has_no_flop_count_and_says_why(tmp_path):
+  import keras
+  import numpy as np
+  import mpt
+  model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+  run = mpt.track(str(tmp_path / "r"), model, batch_size=8, sample_every=None,
+                  diagnose=False)
+  step = run.step(lambda x: {"loss": float(np.mean(model(x)))})
+  with run:
+    step(np.ones((8, 4), "float32"))
+    run.end_epoch()
+  summary = summary_lib.read(tmp_path / "r" / "summary.json")
+  assert summary.flops_per_step is None and "not a tf.function" in \
+      summary.not_measured["flops"]
+  assert "epochs" not in summary.not_measured
+
+
 def test_another_keras_backend_is_one_line(tmp_path, monkeypatch):
   """No other Keras backend is installed here (jax and torch are not mpt's
   dependencies, and Keras' numpy backend needs jax), so the library's check is shown
