@@ -98,12 +98,18 @@ def format_findings(findings: list[dict[str, Any]], markdown: bool) -> list[str]
       lines.append(f"## {title}")
     else:
       lines.append(title + (f" (based on: {based})" if based else ""))
-    lines += [f"   - {e}" for e in g["evidence"]]
-    if markdown:
-      lines.append(f"   threshold: {g['threshold']}")
-    lines.append(f"   next: {g['next_step']}")
-    if markdown and based:
-      lines.append(f"   based on: {based}")
+    if not markdown:
+      lines += [f"   - {e}" for e in g["evidence"]]
+      lines.append(f"   next: {g['next_step']}")
+      continue
+    # Markdown: the evidence as a list, then threshold, next and based on as
+    # paragraphs of their own (indented lines after a list would be read as the
+    # last item's continuation, and rendered inside it).
+    lines += [f"- {e}" for e in g["evidence"]]
+    lines += ["", f"**threshold:** {g['threshold']}", "", f"**next:** {g['next_step']}"]
+    if based:
+      lines += ["", f"**based on:** {based}"]
+    lines.append("")
   return lines
 
 

@@ -227,8 +227,17 @@ def test_sapphire_rapids_float16_names_the_reference_kernel_first(runs):
   text = diagnose_report.format_report(report)
   assert "1. [high] float16 Conv2DBackpropFilter runs a slow kernel here" in text
   assert "(based on: sibling runs, probe, flags)" in text
-  assert "   based on: sibling runs, probe, flags" in \
-      diagnose_report.format_report(report, markdown=True)
+  markdown = diagnose_report.format_report(report, markdown=True)
+  assert "**based on:** sibling runs, probe, flags" in markdown
+  # As TensorBoard's text dashboard renders it (its own Markdown renderer): each
+  # finding's threshold, next step and basis a paragraph of its own, never run into
+  # the last evidence bullet.
+  import re
+  from tensorboard import plugin_util
+  html = plugin_util.markdown_to_safe_html(markdown)
+  items = re.findall(r"<li>(.*?)</li>", html, re.S)
+  assert items and not [i for i in items if re.search(r"threshold:|next:|based on:", i)]
+  assert html.count("<strong>next:</strong>") == len(report["findings"])
   assert ("kernels:   the kernel probe's representative shapes, not this model's step "
           "(a guess) (recorded: tests/data/kernels/intel_spr_amx_recorded.json)") in text
 

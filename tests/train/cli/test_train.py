@@ -194,6 +194,13 @@ def test_hparams_are_logged_for_the_dashboard(tiny):
   policies = [v.string_value for v in infos["policy"].domain_discrete.values]
   assert "mixed_bfloat16" in policies
   assert infos["batch_size"].domain_interval.min_value == 1
+  # The table's first view: TensorBoard's backend orders a declared experiment's
+  # hparams (its own function) and the dashboard ticks the first five (TensorBoard
+  # 2.21's hparams query pane, `Math.min(5, ...)`): the ones runs are compared by.
+  from tensorboard.plugins.hparams import backend_context
+  backend_context._sort_and_reduce_to_hparams_limit(experiment)
+  shown = {h.name for h in experiment.hparam_infos[:5]}
+  assert {"policy", "loop", "model", "strategy"} <= shown, shown
 
 
 def test_custom_scalars_put_train_and_eval_on_one_chart_each(tiny):
