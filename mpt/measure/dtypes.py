@@ -78,13 +78,14 @@ def _float32_reason(layer: keras.layers.Layer, global_policy: str) -> str | None
   return None
 
 
-def _row(call: observe.Call, global_policy: str) -> dict[str, Any]:
-  """One layer's row, from its call observed in the forward pass."""
+def _row(call: observe.Call, global_policy: str, name: str) -> dict[str, Any]:
+  """One layer's row (`name`: its unique path), from its call observed in the forward
+  pass."""
   layer, out = call.layer, call.output
   out_shape = tuple(out.shape) if out is not None else None
   flops, dims = layer_flops(layer, call.input_shape, out_shape)
   return {
-      "name": layer.name,
+      "name": name,
       "class": type(layer).__name__,
       "policy": policies.resolved(layer).name,
       "compute_dtype": layer.compute_dtype,
@@ -170,12 +171,15 @@ def inspect_model(model: keras.Model, batch_size: int = 2, seed: int = 0,
   example's) or the inputs the model declares. A model with no call() of its own (a
   GAN, a VAE holding its parts) is the sum of its parts (`inspect_parts`)."""
   if not observe.has_call(model):
-    return inspect_parts(model.name, observe.parts(model), batch_size, seed)
+    found = observe.parts(model)
+    return inspect_parts(model.name, found, batch_size, seed,
+                         observe.part_names(model, found))
   x = _sample(model, batch_size, seed, input_shape, x)
   calls, _ = observe.layer_calls(model, x)
   global_policy = policies.plain(keras.mixed_precision.global_policy()).name
   seen = [c for c in calls if c.leaf and not isinstance(c.layer, keras.layers.InputLayer)]
-  rows = [_row(call, global_policy) for call in seen]
+  names = observe.unique_names(calls)
+  rows = [_row(call, global_policy, names[id(call.layer)]) for call in seen]
   grad_dtypes = _gradient_dtypes(model, x)
   var_dtypes = sorted({v.dtype for v in model.trainable_variables})
   inputs = observe.describe_inputs(x)
@@ -189,8 +193,8 @@ def inspect_model(model: keras.Model, batch_size: int = 2, seed: int = 0,
       **_shares(rows),
       # What one call could not show: layers whose own ops are unseen (their FLOPs
       # are one per output element) and layers that returned no tensor.
-      "uncounted_layers": [c.layer.name for c in seen if not _counted(c.layer)],
-      "no_tensor_output": [c.layer.name for c in seen if c.output is None],
+      "uncounted_layers": [names[id(c.layer)] for c in seen if not _counted(c.layer)],
+      "no_tensor_output": [names[id(c.layer)] for c in seen if c.output is None],
       "gradient_dtypes": grad_dtypes,
       "variable_dtypes": var_dtypes,
       "gradients_match_variables": grad_dtypes == var_dtypes,
@@ -198,14 +202,17 @@ def inspect_model(model: keras.Model, batch_size: int = 2, seed: int = 0,
 
 
 def inspect_parts(name: str, models: list[keras.Model], batch_size: int = 2,
-                  seed: int = 0) -> dict[str, Any]:
+                  seed: int = 0, names: list[str] | None = None) -> dict[str, Any]:
   """One report over several models trained together (a GAN's generator and
   discriminator, a VAE's encoder and decoder), each called on the inputs it declares:
-  its rows named `part/layer`, FLOPs summed as if each part ran once per example."""
+  its rows named `part/layer` (`names`: the parts' unique names, observe.part_names),
+  FLOPs summed as if each part ran once per example."""
   if not models:
     raise UserError(f"model {name!r} has no call() and holds no model that has one: "
                     "nothing to inspect")
-  reports = [inspect_model(m, batch_size, seed) for m in models]
+  names = names or observe.part_names(None, models)
+  reports = [{**inspect_model(m, batch_size, seed), "model": n}
+             for m, n in zip(models, names)]
   named = lambda key: [f"{r['model']}/{n}" for r in reports for n in r[key]]
   rows = [{**row, "name": f"{r['model']}/{row['name']}"}
           for r in reports for row in r["layers"]]

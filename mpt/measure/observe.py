@@ -39,6 +39,9 @@ class Call:
   # the layer on that argument's shapes and finds which layer made each input.
   argument: Any = None
   outputs: list = dataclasses.field(default_factory=list)
+  # Its path inside the model called: the names of the layers it was called from,
+  # then its own (`transformer_encoder/multi_head_attention/query`).
+  path: str = ""
 
 
 def first_tensor(value) -> Any:
@@ -65,9 +68,12 @@ def watching(seen: dict[int, Call]):
     else:
       argument = args[0] if args else next(iter(kwargs.values()), None)
       first = first_tensor(argument)
+      # The outermost call is the model's own (layer_calls): not part of a path.
+      # (Model.__call__ reaches the wrapped Layer.__call__ again: skip its repeats.)
+      path = "/".join([c.layer.name for c in stack if c is not stack[0]] + [layer.name])
       call = seen[id(layer)] = Call(
           layer, tuple(first.shape) if first is not None else None, None,
-          argument=argument)
+          argument=argument, path=path)
     stack.append(call)
     try:
       out = original(layer, *args, **kwargs)
@@ -87,11 +93,20 @@ def watching(seen: dict[int, Call]):
 
 
 def unique_names(calls: list[Call]) -> dict[int, str]:
-  """A unique name per layer called, by id (nested models may repeat their layers'
-  names: a later one gets a prime)."""
+  """A unique name per layer called, by id: its path inside the model (a layer nested
+  in another is `outer/inner`), where two paths are still equal a later one with a
+  prime. A prefix every leaf shares (a model wrapping the one that holds them all)
+  is left out."""
+  paths = {id(c.layer): (c.path or c.layer.name).split("/") for c in calls}
+  leaves = [paths[id(c.layer)] for c in calls if c.leaf]
+  common = 0
+  while leaves and all(len(p) > common + 1 and p[common] == leaves[0][common]
+                       for p in leaves):
+    common += 1
   found, used = {}, set()
   for call in calls:
-    name = call.layer.name
+    parts = paths[id(call.layer)]
+    name = "/".join(parts[common:]) or parts[-1]
     while name in used:
       name += "'"
     used.add(name)
@@ -127,6 +142,22 @@ def has_call(model: keras.Model) -> bool:
   with its own call() (a GAN or a VAE that only holds its parts has none)."""
   return getattr(model, "inputs", None) is not None or \
       type(model).call is not keras.Model.call
+
+
+def part_names(holder: keras.Model | None, models: list[keras.Model]) -> list[str]:
+  """A unique name per part: its own, or where two parts share one (a copy made by
+  clone_model has its original's name) the attribute `holder` keeps each under
+  (`network`, `ema_network`); a name used already gets a prime."""
+  attributes = {id(v): k for k, v in vars(holder).items()
+                if isinstance(v, keras.Model)} if holder is not None else {}
+  shared = {m.name for m in models if [n.name for n in models].count(m.name) > 1}
+  found = []
+  for model in models:
+    name = attributes.get(id(model), model.name) if model.name in shared else model.name
+    while name in found:
+      name += "'"
+    found.append(name)
+  return found
 
 
 def parts(model: keras.Model) -> list[keras.Model]:

@@ -152,3 +152,39 @@ def test_models_as_researchers_write_them():
   assert [(r["name"].split("/")[0], r["class"]) for r in gan["layers"]] == \
       [("g", "Dense"), ("d", "Dense")]
   assert gan["inputs"] == {"g/input": [4], "d/input": [6]}
+
+
+def test_nested_layers_are_named_by_their_path_and_no_two_rows_share_a_name():
+  """Two attention layers hold sublayers of the same names (query, key, value,
+  attention_output): each row is named by its path, `owner/sublayer`."""
+  import keras
+  from mpt.measure import dtypes as dtypes_lib
+  x = keras.Input((6, 8))
+  a = keras.layers.MultiHeadAttention(2, 4, name="self_attention")(x, x)
+  y = keras.layers.MultiHeadAttention(2, 4, name="cross_attention")(a, x)
+  names = [r["name"] for r in dtypes_lib.inspect_model(keras.Model(x, y))["layers"]]
+  assert len(names) == len(set(names)), names
+  for owner in ("self_attention", "cross_attention"):
+    assert {f"{owner}/{n}" for n in ("query", "key", "value", "attention_output")} <= \
+        set(names), names
+
+
+def test_an_ema_copy_is_a_part_named_apart_from_its_original():
+  """A diffusion model's shape: no call() of its own, its network and an EMA copy made
+  by clone_model (the same model name): the parts by the attributes that hold them."""
+  import keras
+  from mpt.measure import dtypes as dtypes_lib
+
+  class Diffusion(keras.Model):
+    def __init__(self):
+      super().__init__(name="diffusion")
+      self.network = keras.Sequential(
+          [keras.Input((8,)), keras.layers.Dense(4)], name="unet")
+      self.ema_network = keras.models.clone_model(self.network)
+
+  model = Diffusion()
+  assert model.ema_network.name == model.network.name  # What made the names clash.
+  report = dtypes_lib.inspect_model(model)
+  assert report["parts"] == ["network", "ema_network"]
+  names = [r["name"] for r in report["layers"]]
+  assert len(names) == len(set(names)) == 2 and names[0].startswith("network/")

@@ -157,10 +157,12 @@ def test_a_subclassed_model_over_two_fits_is_one_run(user_runs):
   assert len(events["diagnosis/report"]) == 2  # One per fit, the whole run so far.
   assert stdout.count(f"mpt: completed: {sub_dir}") == 2
   assert f"mpt: completed: {sub_dir}, fit 2, 24 steps" in stdout
-  # Every layer doing its own work, inside the custom layer too, and what was not seen.
+  # Every layer doing its own work, inside the custom layer too (named by its path
+  # there), and what was not seen.
   dtypes = json.loads((sub_dir / "dtypes.json").read_text())
-  assert [l["name"] for l in dtypes["layers"]][:2] == ["inner_conv", "scale"]
-  assert dtypes["input_shape"] == [24, 24, 3] and dtypes["uncounted_layers"] == ["scale"]
+  assert [l["name"] for l in dtypes["layers"]][:2] == ["block/inner_conv", "block/scale"]
+  assert dtypes["input_shape"] == [24, 24, 3]
+  assert dtypes["uncounted_layers"] == ["block/scale"]
   conv = dtypes["layers"][0]
   assert conv["flops"] == 2 * 22 * 22 * 8 * 27 + 22 * 22 * 8  # By hand, with its ReLU.
   # What the script ran, as its record (no flags.txt: mpt cannot replay a script).

@@ -15,6 +15,7 @@ import pytest
 
 from helpers import ROOT, script_forked
 from mpt import speech
+from mpt.records import numerics as numerics_lib
 from mpt.records import summary as summary_lib
 
 pytestmark = pytest.mark.slow
@@ -69,6 +70,13 @@ def _honest_figures(out) -> None:
   read = lambda name: summary_lib.read(out / name / "summary.json")
   for name in PROGRAMS:  # A script's record is not a flagfile; its advice its API's.
     assert not (out / name / "flags.txt").exists(), name
+    # No two rows share a name (nested layers by their path, parts apart).
+    rows = [r["name"] for r in json.loads((out / name / "dtypes.json").read_text())["layers"]]
+    assert len(rows) == len(set(rows)), (name, rows)
+    if (out / name / "numerics.json").exists():
+      for sample in numerics_lib.read(out / name).samples:
+        sampled = [l.name for l in sample.layers]
+        assert len(sampled) == len(set(sampled)), (name, sampled)
     text = (out / name / "diagnosis.md").read_text()
     assert speech.flags_left(text) == [], (name, speech.flags_left(text))
     program = read(name).program
