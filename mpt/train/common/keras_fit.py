@@ -19,6 +19,7 @@ KERAS_VERSION = "3.15"
 TF_VERSION = "2.21"
 # The private names used below, for the guard test: (object, attribute).
 PRIVATE = (("keras.Model", "_maybe_symbolic_build"),
+           ("keras.optimizers.Optimizer", "_trainable_variables"),
            ("tf.distribute.MultiWorkerMirroredStrategy.extended",
             "_in_multi_worker_mode"))
 
@@ -97,6 +98,14 @@ def registered_flops(graph: Any, op: Any) -> int | None:
   with deprecation.silence():
     stats = tf_ops.get_stats_for_node_def(graph, op.node_def, "flops")
   return None if stats.value is None else int(stats.value)
+
+
+def trained_variables(optimizer: keras.optimizers.Optimizer) -> list:
+  """The variables `optimizer` steps, once built (a LossScaleOptimizer's are its inner
+  optimizer's). Keras 3.15 keeps them in the private `_trainable_variables`, filled
+  by build(var_list); it has no public list."""
+  inner = getattr(optimizer, "inner_optimizer", None)
+  return list(getattr(inner or optimizer, "_trainable_variables", []) or [])
 
 
 def onednn_rewrite_on() -> bool:

@@ -29,6 +29,7 @@ import sys
 import time
 
 import keras
+import numpy as np
 
 from mpt import files
 from mpt.errors import UserError
@@ -160,9 +161,32 @@ class RunFolder(keras.callbacks.Callback):
         fed = keras.utils.unpack_x_y_sample_weight(self.batch)[0]
       self._fed(fed)
     self.report = self._report(fed if len(self.models) == 1 else None)
+    self.parts.attempt("trained", self._trained)
     files.write_json(self.run_dir / "dtypes.json", self.report)
     print(dtypes_lib.one_line(self.report), flush=True)
     self.writer.text("inspect/dtypes", dtypes_lib.format_table(self.report, True))
+
+  def _trained(self) -> None:
+    """Which parameters the step trains (those its optimizers step, known once they
+    were built by step 1): `trained_params`, and the parts it only reads (an EMA copy,
+    a frozen teacher) as `read_only_parts`."""
+    trained = {id(v) for o in watch.find(self.models, self.opts.optimizer)
+               for v in keras_fit.trained_variables(o)}
+    if not trained:
+      self.not_measured["trained"] = "no built optimizer found: which weights train is unknown"
+      return
+    if len(self.models) == 1 and not observe.has_call(self.models[0]):
+      found = observe.parts(self.models[0])
+      named = zip(observe.part_names(self.models[0], found), found)
+    else:
+      named = zip(observe.part_names(None, self.models), self.models)
+    weights = {id(v): v for m in self.models for v in m.weights}
+    self.report["trained_params"] = sum(
+        int(np.prod(v.shape)) for i, v in weights.items() if i in trained)
+    if "parts" in self.report:
+      self.report["read_only_parts"] = [
+          name for name, part in named
+          if not any(id(v) in trained for v in part.weights)]
 
   def _count_flops(self) -> None:
     """The step's FLOPs from its graph: a tracked loop's own step (Tracker.step gave

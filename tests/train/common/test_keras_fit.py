@@ -106,6 +106,17 @@ def test_a_called_functions_graph_and_tfs_op_statistics_are_still_found():
   assert keras_fit.function_graph(graph, "no_such_function") is None
 
 
+def test_trained_variables_are_still_the_ones_an_optimizer_was_built_for():
+  model = _model()
+  for optimizer in (keras.optimizers.Adam(),
+                    keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD())):
+    optimizer.build(model.trainable_variables[:1])
+    assert [id(v) for v in keras_fit.trained_variables(optimizer)] == \
+        [id(model.trainable_variables[0])], (
+        "Keras' optimizers no longer keep _trainable_variables: revisit "
+        "keras_fit.trained_variables (a script's trained parameters)")
+
+
 def test_onednn_rewrite_on_still_reads_tfs_switch(children):
   """The switch by its documented variable, in two children started together (TF
   reads it once, at the first op): off with TF_ENABLE_ONEDNN_OPTS=0 and on with 1, on

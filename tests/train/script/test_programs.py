@@ -107,6 +107,24 @@ def _honest_figures(out) -> None:
   gan = read("gan_fit").program
   assert len(gan.optimizers) == 3 and len(gan.stepped()) == 2
   assert [o.updates for o in gan.optimizers if o not in gan.stepped()] == [0]
+  # Parts as they are: the EMA copy (clone_model: its original's name) apart, read
+  # only; the trained parameters its network's alone (Keras' own count per layer).
+  ema = json.loads((out / "diffusion_ema" / "dtypes.json").read_text())
+  assert ema["parts"] == ["network", "ema_network"]
+  assert ema["read_only_parts"] == ["ema_network"]
+  assert ema["trained_params"] == sum(r["params"] for r in ema["layers"]
+                                      if r["name"].startswith("network/")) > 0
+  # A loop that trains an image through a frozen extractor: no weight trained, its
+  # step's FLOPs (3 images forward, input gradients only) from the step's graph.
+  frozen = read("input_optimisation")
+  assert json.loads((out / "input_optimisation" / "dtypes.json").read_text())[
+      "trained_params"] == 0
+  assert frozen.flops_counted_by.startswith("graph:") and frozen.flops_per_step > 0
+  assert "never called run.end_epoch()" in frozen.not_measured["epochs"]
+  # Nested layers keep their owner: the Transformer's projections by their path.
+  names = {r["name"] for r in json.loads(
+      (out / "seq2seq_transformer" / "dtypes.json").read_text())["layers"]}
+  assert "transformer_encoder/multi_head_attention/query" in names, names
   # What the program ran, per fit: a fine-tune's two fits, their optimizers' rates.
   tune = read("fine_tune").program
   assert [(f.epochs, f.epochs_completed) for f in tune.fits] == [(2, 2), (1, 1)]

@@ -39,6 +39,9 @@ PROGRAMS = (
     "mirrored_fit",
     "steps_per_execution",
     "fine_tune",
+    "seq2seq_transformer",
+    "diffusion_ema",
+    "input_optimisation",
 )
 
 
