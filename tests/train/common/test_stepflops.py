@@ -173,3 +173,31 @@ def test_the_command_lines_run_records_the_graphs_count(tiny):
   assert summary["flops_counted_by"].startswith("graph:")
   assert summary["achieved_gflops"] == pytest.approx(
       summary["flops_per_step"] / summary["ms_per_step"] / 1e6, rel=1e-6)
+
+
+def test_mobilenet_v2_counts_its_depthwise_convolutions_both_ways():
+  """Keras' MobileNetV2 (random weights): every Conv2D, DepthwiseConv2D and the
+  classifier forward, their weights' gradients, and their inputs' except the first
+  convolution's, by hand from each layer's shapes. TensorFlow registers no FLOP
+  statistic for the depthwise gradients: counted by mpt's rule."""
+  model = keras.applications.MobileNetV2(input_shape=(32, 32, 3), alpha=0.35,
+                                         weights=None, classes=10)
+  found = stepflops.of_step(train_step(model), tf.zeros([2, 32, 32, 3]))
+  hand, first = 0, True
+  for layer in model.layers:
+    out = 1
+    for d in (layer.output.shape[1:] if hasattr(layer, "output") else ()):
+      out *= d
+    if isinstance(layer, keras.layers.DepthwiseConv2D):
+      one = 2 * out * layer.kernel_size[0] * layer.kernel_size[1] * 2
+    elif isinstance(layer, keras.layers.Conv2D):
+      one = 2 * out * layer.kernel_size[0] * layer.kernel_size[1] * \
+          layer.input.shape[-1] * 2
+    elif isinstance(layer, keras.layers.Dense):
+      one = dense(2, layer.input.shape[-1], layer.units)
+    else:
+      continue
+    hand += (2 if first else 3) * one
+    first = False
+  assert found.matmul == pytest.approx(hand, rel=0.1), (found.matmul, hand)
+  assert not found.uncounted
