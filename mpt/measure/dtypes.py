@@ -235,6 +235,19 @@ COLUMNS = ("name", "class", "policy", "compute_dtype", "variable_dtype", "output
            "params", "flops", "dims", "aligned8")
 
 
+def _step_line(report: dict[str, Any]) -> list[str]:
+  """The training step's FLOPs, where --mode=inspect counted them from its graph."""
+  step = report.get("step_flops")
+  if not step:
+    return []
+  if step["total"] is None:
+    return [f"the step's FLOPs at batch {step['batch_size']}: not claimed, its graph "
+            f"holds ops of unknown FLOPs ({', '.join(step['uncounted'])})"]
+  return [f"the step at batch {step['batch_size']}: {step['total'] / 1e6:,.1f} MFLOPs "
+          f"forward and backward ({step['matmul'] / 1e6:,.1f} in matmuls and "
+          "convolutions), counted from its traced graph"]
+
+
 def format_table(report: dict[str, Any], markdown: bool = False) -> str:
   """The report as a text table (or a Markdown table) with its totals below."""
   def cell(row, key):
@@ -259,6 +272,7 @@ def format_table(report: dict[str, Any], markdown: bool = False) -> str:
       "",
       f"policy {report['policy']}, {report['params']:,} parameters, "
       f"{report['forward_flops_per_example'] / 1e6:.1f} MFLOPs forward per example",
+      *_step_line(report),
       f"forward FLOPs in 16-bit: {report['flops_share_16bit']:.1%}, in 32-bit: "
       f"{report['flops_share_32bit']:.1%}",
       f"float32 work: {f32}",

@@ -71,6 +71,9 @@ def test_mode_inspect_runs_without_training(tmp_path):
   numerics = numerics_lib.read(run)
   assert [(s.step, s.examples) for s in numerics.samples] == [(0, 64)]
   assert "| conv3 | Conv2D | bfloat16 |" in proc.stdout  # Its table, printed.
+  # The step a run would take, counted from its graph (traced, not run).
+  assert report["step_flops"]["total"] > report["step_flops"]["matmul"] > 0
+  assert f"the step at batch {report['step_flops']['batch_size']}: " in proc.stdout
 
 
 def test_a_subclassed_twin_reads_like_the_functional_model():

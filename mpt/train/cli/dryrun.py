@@ -29,6 +29,7 @@ from mpt.train.before_step1 import layers as layers_lib
 from mpt.train.common import numerics as numerics_lib
 from mpt.train.common import precision
 from mpt.train.before_step1 import preflight
+from mpt.train.common import stepflops
 from mpt.train.common import steps as steps_lib
 from mpt.train.common.model import build_model
 
@@ -50,6 +51,7 @@ def inspect_only(cfg: config.Config) -> dict[str, Any]:
   batches, classes = _batches(cfg)
   model = build_model(cfg, len(classes) or 10)
   report = dtypes_lib.inspect_model(model, seed=cfg.seed)
+  report["step_flops"] = _step_flops(cfg, model, report)
   print(dtypes_lib.format_table(report))
   trainable = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
   # No data is loaded here: the cache the run would fill is added to the baseline.
@@ -82,6 +84,34 @@ def inspect_only(cfg: config.Config) -> dict[str, Any]:
   return {"status": "completed", "run_dir": str(run_dir), **report, "memory": mem,
           "layer_costs": per_layer.to_dict() if per_layer else None,
           "numerics": found.to_dict() if found else None}
+
+
+def _step_flops(cfg: config.Config, model: keras.Model,
+                report: dict[str, Any]) -> dict[str, Any] | None:
+  """The training step's FLOPs at --batch_size, as a run would count them: the graph
+  of the step the custom loop runs (mpt/train/common/stepflops.py), traced, not run;
+  per layer where an op belongs to one (each row's `step_flops`). None, said, where
+  the step cannot be traced."""
+  try:
+    optimizer = precision.make_optimizer(cfg.policy, cfg.learning_rate, cfg.loss_scale,
+                                         scaled=config.scales_loss(cfg))
+    steps = steps_lib.Steps(model, optimizer, loss=steps_lib.make_loss(),
+                            global_batch=cfg.batch_size)
+    size = cfg.image_size
+    found = stepflops.of_step(
+        steps.train_step, tf.TensorSpec([cfg.batch_size, size, size, 3], tf.float32),
+        tf.TensorSpec([cfg.batch_size], tf.int32))
+  except Exception as e:  # The inspection goes on without it.
+    print(f"mpt: the step's FLOPs not counted: {type(e).__name__}: {e}", flush=True)
+    return None
+  names = {row["name"] for row in report["layers"]} | {model.name}
+  by_layer = {path.removeprefix(f"{model.name}/"): n for path, n in
+              stepflops.layer_paths(found.by_scope, names).items()}
+  for row in report["layers"]:
+    row["step_flops"] = by_layer.get(row["name"])
+  return {"batch_size": cfg.batch_size, "total": found.total if not found.uncounted
+          else None, "matmul": found.matmul, "uncounted": found.uncounted,
+          "counted_by": found.how}
 
 
 def _write_plan(run_dir, model: keras.Model, per_layer) -> None:

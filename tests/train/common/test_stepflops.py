@@ -173,6 +173,23 @@ def test_the_command_lines_run_records_the_graphs_count(tiny):
   assert summary["flops_counted_by"].startswith("graph:")
   assert summary["achieved_gflops"] == pytest.approx(
       summary["flops_per_step"] / summary["ms_per_step"] / 1e6, rel=1e-6)
+  # --mode=inspect's figure for the same config: the same step's graph, untrained.
+  from mpt.measure import dtypes as dtypes_lib
+  from mpt.train.cli import dryrun
+  from mpt.train.common.model import build_model
+  cfg = tiny(epochs=1, synthetic_train=16, loop="custom")
+  model = build_model(cfg, 10)
+  report = dtypes_lib.inspect_model(model)
+  step = dryrun._step_flops(cfg, model, report)
+  assert (step["total"], step["matmul"]) == (summary["flops_per_step"],
+                                             summary["flops_matmul"])
+  assert f"{step['total'] / 1e6:,.1f} MFLOPs forward and backward" in \
+      dtypes_lib.format_table({**report, "step_flops": step})
+  # Per layer, where its ops are: conv2's forward and both gradients (4x4x64 outputs
+  # of a 7x7 window over 32 channels, batch 8), with its bias' few.
+  rows = {r["name"]: r for r in report["layers"]}
+  assert rows["conv2"]["step_flops"] == pytest.approx(3 * 2 * 4 * 4 * 64 * 49 * 32 * 8,
+                                                      rel=0.01)
 
 
 def test_mobilenet_v2_counts_its_depthwise_convolutions_both_ways():
