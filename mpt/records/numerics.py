@@ -124,11 +124,29 @@ class Sample:
 
 
 @dataclasses.dataclass
+class Overflow:
+  """A skipped step replayed (mpt/train/common/overflow.py): the first op whose output
+  went non-finite, in the forward or the backward pass, and the layer it belongs to;
+  `op` None where the replay ran finite (the skip came from elsewhere: said)."""
+  step: int  # The step that was skipped (1-based, as steps are counted).
+  loss_scale: float | None  # The scale it ran at.
+  op: str | None = None  # Its type (BatchMatMulV2, Softmax, ...).
+  tensor: str | None = None  # The op's first input, by its name in the replayed graph.
+  layer: str | None = None  # The Keras layer path the op belongs to.
+  backward: bool = False  # In the gradient (the loss scale matters) or the forward.
+  kind: str | None = None  # "+Inf", "-Inf" or "NaN", as TensorFlow's check says.
+  seconds: float = 0.0  # The replay's time.
+
+
+@dataclasses.dataclass
 class Numerics(typed.Record):
-  """A run's numerics samples."""
+  """A run's numerics samples, and the skipped steps replayed."""
   policy: str
   loss_scale: str = "dynamic"  # The run's setting: dynamic, a number, or none.
   samples: list[Sample] = dataclasses.field(default_factory=list)
+  overflows: list[Overflow] = dataclasses.field(default_factory=list)
+  # Skipped steps past the bound on replays (overflow.MAX_REPLAYS): not replayed.
+  skipped_not_replayed: int = 0
   not_measured: dict[str, str] = dataclasses.field(default_factory=dict)
   seconds: float = 0.0
   schema: int = SCHEMA

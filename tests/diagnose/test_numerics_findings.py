@@ -24,6 +24,7 @@ from mpt.records import numerics as records
 from mpt.records import spread
 from mpt.records.summary import RunSummary
 from mpt.train.cli import data as data_lib
+from mpt.train.common import overflow
 from mpt.train.common import precision
 from mpt.train.common import steps as steps_lib
 from mpt.train.common.model import build_model
@@ -257,3 +258,90 @@ def test_final_metrics_outside_float32s_seeds_are_a_finding_of_the_run():
   same = [dataclasses.replace(b, seed=0) for b in base]
   assert detectors.DETECTORS["metrics_spread"](Evidence(run, None,
                                                         float32_runs=same)) is None
+
+
+def _attention_classifier(policy: str, attention_dtype=None,
+                          scale: float = 8000.0) -> keras.Model:
+  """A one-block Transformer classifier in the shape of issue 56's: token embeddings,
+  self-attention with key_dim 64 whose query and key projections are `scale` times
+  their initial weights (large q and k: their dot products, the scores, overflow
+  float16 while q and k themselves stay in range), a softmax head."""
+  keras.mixed_precision.set_global_policy(policy)
+  keras.utils.set_random_seed(0)
+  x = keras.Input((8,), dtype="int32")
+  h = keras.layers.Embedding(30, 64, name="embedding")(x)
+  attention = keras.layers.MultiHeadAttention(2, 64, name="attention",
+                                              dtype=attention_dtype)
+  h = attention(h, h)
+  h = keras.layers.GlobalAveragePooling1D()(h)
+  y = keras.layers.Dense(2, activation="softmax", dtype="float32")(h)
+  model = keras.Model(x, y)
+  for dense in (attention._query_dense, attention._key_dense):
+    dense.kernel.assign(dense.kernel * scale)
+  model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+  return model
+
+
+def _fit_under_mpt(model, run_dir) -> dict:
+  import mpt
+  ids = np.random.default_rng(0).integers(0, 30, (48, 8)).astype("int32")
+  model.fit(ids, (ids[:, 0] % 2).astype("int32"), batch_size=8, epochs=1, verbose=0,
+            callbacks=mpt.callbacks(str(run_dir), batch_size=8, warmup_steps=2))
+  return json.loads((run_dir / "diagnosis.json").read_text())
+
+
+def _scores_max(model, ids) -> float:
+  """The attention scores' largest magnitude, by numpy in float32 from the model's
+  own weights: q and k projections, scaled by 1/sqrt(key_dim), q.k per head."""
+  embedded = model.get_layer("embedding").get_weights()[0][ids]
+  attention = model.get_layer("attention")
+  wq, bq = [w.numpy().astype(np.float32) for w in attention._query_dense.weights]
+  wk, bk = [w.numpy().astype(np.float32) for w in attention._key_dense.weights]
+  q = np.einsum("btd,dhk->bthk", embedded, wq) + bq
+  k = np.einsum("btd,dhk->bthk", embedded, wk) + bk
+  return float(np.abs(np.einsum("bthk,bshk->bhts", q / 8.0, k)).max())
+
+
+def test_attention_scores_overflowing_inside_the_layer_are_the_skips_cause(tmp_path):
+  """Every layer's output in float16's range, the attention scores far beyond it
+  (numpy's own computation): each skipped step is replayed, the first non-finite op
+  is the attention layer's own, and the first finding says so; followed (the layer
+  in float32), the run skips no step; under bfloat16 and float32 no alarm."""
+  model = _attention_classifier("mixed_float16")
+  ids = np.random.default_rng(0).integers(0, 30, (8, 8)).astype("int32")
+  assert _scores_max(model, ids) > np.finfo(np.float16).max  # The oracle.
+  report = _fit_under_mpt(model, tmp_path / "f16")
+  found = records.read(tmp_path / "f16")
+  assert found.overflows and found.overflows[0].layer == "attention"
+  assert not found.overflows[0].backward and found.overflows[0].op
+  sampled = [l.output.max for s in found.samples for l in s.layers if l.output.max]
+  assert sampled and max(sampled) < np.finfo(np.float16).max  # Outputs in range.
+  first = report["findings"][0]
+  assert first["id"] == "skip_cause" and "inside attention" in first["title"]
+  assert 'dtype="float32"' in first["next_step"]
+  underflow = [f for f in report["findings"] if f["id"] == "gradient_underflow"]
+  assert all("a consequence of" in f["title"] for f in underflow)
+  # The replay moved nothing: the weights the run ended with are the ones it trained
+  # (a replay that trained would have moved them on the skipped steps).
+  assert len(found.overflows) == overflow.MAX_REPLAYS
+
+  skipped = json.loads((tmp_path / "f16" / "summary.json").read_text())["skipped_steps"]
+  followed = _fit_under_mpt(_attention_classifier("mixed_float16", "float32"),
+                            tmp_path / "followed")
+  summary = json.loads((tmp_path / "followed" / "summary.json").read_text())
+  # The forward overflow is gone; what skips remain are the dynamic scale settling
+  # (the 10000-fold input makes large gradients: backward overflows at 32768).
+  assert summary["status"] == "completed" and summary["skipped_steps"] < skipped
+  assert all(o.backward for o in records.read(tmp_path / "followed").overflows)
+  assert "skip_cause" not in [f["id"] for f in followed["findings"]]
+  for policy in ("mixed_bfloat16", "float32"):
+    other = _fit_under_mpt(_attention_classifier(policy), tmp_path / policy)
+    assert not [f for f in other["findings"] if f["id"] in ("skip_cause", "f16_overflow")
+                and f["severity"] == "high"], policy
+
+
+def test_a_run_that_skips_nothing_replays_nothing(tmp_path, monkeypatch):
+  calls = []
+  monkeypatch.setattr(overflow, "replay", lambda *a, **k: calls.append(a))
+  _fit_under_mpt(_attention_classifier("mixed_float16", scale=1.0), tmp_path / "r")
+  assert calls == [] and records.read(tmp_path / "r").overflows == []

@@ -72,6 +72,46 @@ def f16_overflow(ev: Evidence) -> Finding | None:
       + "; or --policy=mixed_bfloat16 (safe under bfloat16)", ["numerics"])
 
 
+def _forward_overflows(ev: Evidence) -> list:
+  """The replayed skipped steps (numerics.json `overflows`) whose forward pass went
+  non-finite: an overflow no loss scale causes or cures."""
+  found = ev.numerics.overflows if ev.numerics else []
+  return [o for o in found if o.op and not o.backward]
+
+
+@detector("skip_cause", needs="numerics.json")
+def skip_cause(ev: Evidence) -> Finding | None:
+  """Skipped steps whose replay (mpt/train/common/overflow.py) went non-finite in the
+  forward pass: the op and its layer overflow float16 whatever the loss scale (an
+  attention layer's scores before their softmax, a custom layer's own product), so
+  the dynamic scale falls step after step without cure. (A backward overflow at a
+  high scale is how dynamic loss scaling finds its scale: not a finding.)"""
+  forward = _forward_overflows(ev)
+  if not forward:
+    return None
+  first = forward[0]
+  layers = sorted({o.layer for o in forward if o.layer})
+  evidence = [f"step {o.step} (loss scale {o.loss_scale:g}) replayed: {o.op} in "
+              f"{o.layer or 'an op outside any layer'} went {o.kind} in the forward "
+              f"pass (its input {o.tensor})" for o in forward[:3]]
+  if ev.numerics.skipped_not_replayed:
+    evidence.append(f"{ev.numerics.skipped_not_replayed} later skipped steps were not "
+                    "replayed (a bounded number are)")
+  evidence.append("every layer's output can be in range: the overflow is inside the "
+                  "layer, in an op of its own")
+  s = ev.summary
+  if s.skipped_steps:
+    evidence.append(f"{s.skipped_steps} of {s.steps} steps skipped; the loss scale "
+                    f"fell to {s.loss_scale:g} without curing it")
+  return Finding(
+      "skip_cause", "high", 1.0,
+      f"steps skipped: {first.op} inside {first.layer} overflows float16 in the "
+      "forward pass", "a replayed skipped step whose forward pass goes non-finite "
+      "(at any loss scale)", evidence,
+      (_keep_float32(ev, layers) if layers else "find the op named above")
+      + "; or --policy=mixed_bfloat16 (float32's range)", ["numerics"])
+
+
 @detector("gradient_underflow", needs="numerics.json")
 def gradient_underflow(ev: Evidence) -> Finding | None:
   """Layers where UNDERFLOW_SHARE or more of the nonzero gradients flowing in, and of
@@ -88,6 +128,15 @@ def gradient_underflow(ev: Evidence) -> Finding | None:
               f"{r.lost_scaled:.1%} of their magnitude, below 2^-24 at scale {scale:g} "
               f"({r.under_1:.1%} at scale 1); largest |gradient| {r.grad_max:.3g}"
               for r in low[:5]]
+  cause = _forward_overflows(ev)
+  if cause:  # A consequence: the scale fell because of a forward overflow.
+    return Finding(
+        "gradient_underflow", "low", 0.0,
+        f"gradients underflow float16 at the collapsed loss scale {scale:g}: a "
+        f"consequence of {cause[0].op} overflowing in {cause[0].layer} (see above)",
+        f">= {UNDERFLOW_SHARE:.0%} of a layer's gradients below 2^-24", evidence,
+        "fix the overflow first; the scale then stays where these gradients fit",
+        ["numerics"])
   keeps = [r.keep for r in low if r.keep]
   lo = max(k[0] for k in keeps) if keeps else None
   hi = min(k[1] for k in keeps) if keeps else None
@@ -107,7 +156,7 @@ def gradient_underflow(ev: Evidence) -> Finding | None:
       "magnitude, below 2^-24 at the loss scale", evidence, step, ["numerics", "loss scale"])
 
 
-@detector("loss_scale_room", needs="numerics.json")
+@detector("loss_scale_room", needs="numerics.json", superseded_by=("skip_cause",))
 def loss_scale_room(ev: Evidence) -> Finding | None:
   """A mixed_float16 run whose dynamic loss scale fell SCALE_FALL-fold or more after
   its first sample, or sits SCALE_HEADROOM-fold or more below the largest scale its

@@ -11,7 +11,7 @@ from mpt.diagnose.thresholds import (MEMORY_DISAGREEMENT, MIN_SCALE, SETTLING_SK
                                      SKIPPED_SHARE)
 
 
-@detector("loss_scale")
+@detector("loss_scale", superseded_by=("skip_cause",))
 def loss_scale(ev: Evidence) -> Finding | None:
   s = ev.summary
   steps, skipped, scale = s.steps or 0, s.skipped_steps or 0, s.loss_scale

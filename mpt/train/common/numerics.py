@@ -29,6 +29,7 @@ from mpt.measure import policies
 from mpt.records import numerics as records
 from mpt.records.numerics import Numerics
 from mpt.train.common import besteffort
+from mpt.train.common import overflow
 from mpt.train.common import precision
 from mpt.train.common import steps as steps_lib
 
@@ -69,10 +70,35 @@ class Watch(keras.callbacks.Callback):
     self.source, self.found, self.run_dir = source, found, run_dir
     self.at_step, self.done, self.writer, self.ends_fit = at_step, done, writer, ends_fit
     self.parts = parts or besteffort.Parts(found.not_measured)
+    self._scale: float | None = None  # The loss scale after the last step.
+
+  def on_train_begin(self, logs=None):
+    self._scale = self.parts.attempt("overflow", self.source.scale)
 
   def on_train_batch_end(self, batch, logs=None):
+    self.parts.attempt("overflow", self._replay_if_skipped)
     if not self.found.samples and self.done() >= self.at_step:
       self.take()
+
+  def _replay_if_skipped(self) -> None:
+    """A step whose loss scale fell was skipped (non-finite gradients): its batch
+    replayed once (mpt/train/common/overflow.py), at the scale it ran at."""
+    scale = self.source.scale()
+    before, self._scale = self._scale, scale
+    if before is None or scale is None or scale >= before:
+      return
+    step = self.done()
+    if len(self.found.overflows) >= overflow.MAX_REPLAYS:
+      if not self.found.skipped_not_replayed:
+        print(f"mpt: step {step} skipped; {overflow.MAX_REPLAYS} skipped steps were "
+              "replayed already, the rest are counted only", flush=True)
+      self.found.skipped_not_replayed += 1
+      return
+    x, y = self.source.batches(step - 1)[0]
+    found = overflow.replay(self.source.model(), x, y, self.source.loss(), before, step)
+    self.found.overflows.append(found)
+    records.write(self.run_dir, self.found)
+    print(f"mpt: {overflow.describe(found)}", flush=True)
 
   def on_train_end(self, logs=None):
     if self.ends_fit:
