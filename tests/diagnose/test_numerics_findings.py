@@ -342,6 +342,41 @@ def test_attention_scores_overflowing_inside_the_layer_are_the_skips_cause(tmp_p
 
 def test_a_run_that_skips_nothing_replays_nothing(tmp_path, monkeypatch):
   calls = []
-  monkeypatch.setattr(overflow, "replay", lambda *a, **k: calls.append(a))
+  monkeypatch.setattr(overflow.Replayer, "__call__", lambda *a, **k: calls.append(a))
   _fit_under_mpt(_attention_classifier("mixed_float16", scale=1.0), tmp_path / "r")
   assert calls == [] and records.read(tmp_path / "r").overflows == []
+
+
+class Energy(keras.layers.Layer):
+  """A custom layer whose own product (x * x) leaves float16's range while what it
+  returns (the root of the mean square) stays in it."""
+
+  def call(self, x):
+    return keras.ops.sqrt(keras.ops.mean(x * x, axis=-1, keepdims=True) + 1e-3)
+
+
+def test_a_custom_layers_own_product_overflowing_is_named(tmp_path):
+  import mpt
+  keras.mixed_precision.set_global_policy("mixed_float16")
+  keras.utils.set_random_seed(0)
+  x = keras.Input((16,))
+  wide = keras.layers.Dense(16, name="wide")
+  y = keras.layers.Dense(2, activation="softmax", dtype="float32")(
+      Energy(name="energy")(wide(x)))
+  model = keras.Model(x, y)
+  wide.kernel.assign(wide.kernel * 1000.0)
+  model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+  data = np.random.default_rng(1).uniform(size=(32, 16)).astype("float32")
+  # The oracle, in numpy: the layer's input squared passes float16's largest value,
+  # its output (the root mean square) does not.
+  inner = data @ wide.kernel.numpy().astype("float32") + wide.bias.numpy()
+  assert (inner ** 2).max() > np.finfo(np.float16).max
+  assert np.sqrt((inner ** 2).mean(axis=-1)).max() < np.finfo(np.float16).max
+  model.fit(data, np.zeros(32, "int32"), batch_size=8, epochs=1, verbose=0,
+            callbacks=mpt.callbacks(str(tmp_path / "r"), batch_size=8, warmup_steps=1))
+  found = records.read(tmp_path / "r")
+  assert found.overflows and found.overflows[0].layer == "energy", found.overflows
+  assert not found.overflows[0].backward
+  report = json.loads((tmp_path / "r" / "diagnosis.json").read_text())
+  assert report["findings"][0]["id"] == "skip_cause"
+  assert "inside energy" in report["findings"][0]["title"]

@@ -71,6 +71,7 @@ class Watch(keras.callbacks.Callback):
     self.at_step, self.done, self.writer, self.ends_fit = at_step, done, writer, ends_fit
     self.parts = parts or besteffort.Parts(found.not_measured)
     self._scale: float | None = None  # The loss scale after the last step.
+    self._replay = overflow.Replayer()
 
   def on_train_begin(self, logs=None):
     self._scale = self.parts.attempt("overflow", self.source.scale)
@@ -95,7 +96,7 @@ class Watch(keras.callbacks.Callback):
       self.found.skipped_not_replayed += 1
       return
     x, y = self.source.batches(step - 1)[0]
-    found = overflow.replay(self.source.model(), x, y, self.source.loss(), before, step)
+    found = self._replay(self.source.model(), x, y, self.source.loss(), before, step)
     self.found.overflows.append(found)
     records.write(self.run_dir, self.found)
     print(f"mpt: {overflow.describe(found)}", flush=True)

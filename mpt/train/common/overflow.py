@@ -19,6 +19,7 @@ effort: the caller records a failure and the training goes on.
 
 import re
 import time
+from typing import Any
 
 import keras
 import tensorflow as tf
@@ -30,31 +31,47 @@ from mpt.train.common import stepflops
 MAX_REPLAYS = 3
 
 
-def replay(model: keras.Model, x, y, loss, scale: float | None, step: int) -> Overflow:
-  """The first non-finite op of `model` on (x, y): forward, then (given `loss`, a
-  callable of (x, y, prediction)) the gradient of the loss times `scale`."""
-  start = time.perf_counter()
+class Replayer:
+  """Replays skipped steps of one run: the step traced once, with the numerics checks
+  in its graph, and run again for each later skipped step (their time then is a
+  step's, not a trace's)."""
 
-  def run(x, y):
+  def __init__(self):
+    self._traced: dict[tuple[int, int], Any] = {}
+
+  def __call__(self, model: keras.Model, x, y, loss, scale: float | None,
+               step: int) -> Overflow:
+    """The first non-finite op of `model` on (x, y): forward, then (given `loss`, a
+    callable of (x, y, prediction)) the gradient of the loss times `scale`."""
+    start = time.perf_counter()
+    key = (id(model), loss is None)
+    if key not in self._traced:
+      self._traced[key] = tf.function(_step(model, loss), autograph=False)
+    traced = self._traced[key]
+    found = Overflow(step=step, loss_scale=scale)
+    scale_t = tf.constant(scale or 1.0, tf.float32)
+    tf.debugging.enable_check_numerics()  # In the graph it traces now: kept there.
+    try:
+      traced(x, y, scale_t)
+    except tf.errors.InvalidArgumentError as e:
+      _parse(str(e), found, model, traced.get_concrete_function(x, y, scale_t).graph)
+    finally:
+      tf.debugging.disable_check_numerics()
+    found.seconds = round(time.perf_counter() - start, 3)
+    return found
+
+
+def _step(model: keras.Model, loss):
+  """The replayed step: inference-mode forward, and the scaled loss' gradients."""
+  def run(x, y, scale):
     with tf.GradientTape() as tape:
       prediction = model(x, training=False)
       if loss is None:
         return [tf.reduce_sum(tf.cast(t, tf.float32))
                 for t in keras.tree.flatten(prediction) if hasattr(t, "dtype")]
-      value = tf.cast(loss(x, y, prediction), tf.float32) * (scale or 1.0)
+      value = tf.cast(loss(x, y, prediction), tf.float32) * scale
     return tape.gradient(value, model.trainable_variables)
-
-  found = Overflow(step=step, loss_scale=scale)
-  traced = tf.function(run, autograph=False)
-  tf.debugging.enable_check_numerics()
-  try:
-    traced(x, y)
-  except tf.errors.InvalidArgumentError as e:
-    _parse(str(e), found, model, traced.get_concrete_function(x, y).graph)
-  finally:
-    tf.debugging.disable_check_numerics()
-  found.seconds = round(time.perf_counter() - start, 3)
-  return found
+  return run
 
 
 def _parse(message: str, found: Overflow, model: keras.Model, graph) -> None:
