@@ -310,6 +310,7 @@ def test_attention_scores_overflowing_inside_the_layer_are_the_skips_cause(tmp_p
   model = _attention_classifier("mixed_float16")
   ids = np.random.default_rng(0).integers(0, 30, (8, 8)).astype("int32")
   assert _scores_max(model, ids) > np.finfo(np.float16).max  # The oracle.
+  before = [w.numpy().copy() for w in model.weights]
   report = _fit_under_mpt(model, tmp_path / "f16")
   found = records.read(tmp_path / "f16")
   assert found.overflows and found.overflows[0].layer == "attention"
@@ -321,9 +322,15 @@ def test_attention_scores_overflowing_inside_the_layer_are_the_skips_cause(tmp_p
   assert 'dtype="float32"' in first["next_step"]
   underflow = [f for f in report["findings"] if f["id"] == "gradient_underflow"]
   assert all("a consequence of" in f["title"] for f in underflow)
-  # The replay moved nothing: the weights the run ended with are the ones it trained
-  # (a replay that trained would have moved them on the skipped steps).
+  # The replays moved nothing: every step was skipped, so the weights are the ones
+  # the run started with (a replay that trained would have moved them).
+  ran = json.loads((tmp_path / "f16" / "summary.json").read_text())
+  assert ran["skipped_steps"] == ran["steps"]
+  assert all(np.array_equal(a, w.numpy()) for a, w in zip(before, model.weights))
   assert len(found.overflows) == overflow.MAX_REPLAYS
+  # Each replayed skip's cause, in the run's TensorBoard text too.
+  [(_, text)] = helpers.read_events(tmp_path / "f16")["numerics/skipped"][-1:]
+  assert text.count("Einsum in attention went") == overflow.MAX_REPLAYS
 
   skipped = json.loads((tmp_path / "f16" / "summary.json").read_text())["skipped_steps"]
   followed = _fit_under_mpt(_attention_classifier("mixed_float16", "float32"),

@@ -127,6 +127,13 @@ class Watch(keras.callbacks.Callback):
     if self.writer is not None and self.found.samples:
       self.parts.attempt("writer", self.writer.text, "numerics/layers",
                          records.format_table(self.found))
+    if self.writer is not None and self.found.overflows:  # Each skip's cause.
+      lines = [f"- {overflow.describe(o)}" for o in self.found.overflows]
+      if self.found.skipped_not_replayed:
+        lines.append(f"- {self.found.skipped_not_replayed} later skipped steps not "
+                     "replayed")
+      self.parts.attempt("writer", self.writer.text, "numerics/skipped",
+                         "\n".join(lines))
     return self.found
 
 
