@@ -94,7 +94,8 @@ def unswappable(model: keras.Model) -> str | None:
 
 def all_layers(model: keras.Model) -> list[keras.layers.Layer]:
   """Every layer of `model`, nested ones included (through the public `layers` of
-  models and the layers a custom layer keeps as attributes)."""
+  models and the layers a custom layer keeps as attributes, alone or in a list,
+  tuple or dict: a Transformer block's `self.norms = [LayerNormalization(), ...]`)."""
   found, seen, todo = [], {id(model)}, list(model.layers)
   while todo:
     layer = todo.pop()
@@ -103,8 +104,10 @@ def all_layers(model: keras.Model) -> list[keras.layers.Layer]:
     seen.add(id(layer))
     found.append(layer)
     todo += list(getattr(layer, "layers", []) or [])
-    todo += [v for v in vars(layer).values() if isinstance(v, keras.layers.Layer)
-             and v is not layer]
+    for value in vars(layer).values():
+      held = list(value.values()) if isinstance(value, dict) else \
+          list(value) if isinstance(value, (list, tuple)) else [value]
+      todo += [v for v in held if isinstance(v, keras.layers.Layer) and v is not layer]
   return found
 
 

@@ -100,13 +100,6 @@ def registered_flops(graph: Any, op: Any) -> int | None:
   return None if stats.value is None else int(stats.value)
 
 
-def all_layers(model: keras.Model) -> list:
-  """Every layer inside `model`, nested ones included (those a custom layer holds as
-  attributes). Keras 3.15 walks them with the private `_flatten_layers`; it has no
-  public walk."""
-  return list(model._flatten_layers(include_self=True, recursive=True))
-
-
 def trained_variables(optimizer: keras.optimizers.Optimizer) -> list:
   """The variables `optimizer` steps, once built (a LossScaleOptimizer's are its inner
   optimizer's). Keras 3.15 keeps them in the private `_trainable_variables`, filled

@@ -24,8 +24,8 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from mpt.models import fused_bn
 from mpt.records.numerics import Overflow
-from mpt.train.common import keras_fit
 from mpt.train.common import stepflops
 
 MAX_REPLAYS = 3
@@ -90,7 +90,7 @@ def _parse(message: str, found: Overflow, model: keras.Model, graph) -> None:
            [t.name for t in o.inputs][:len(inputs)] == inputs]
   name = named[0] if named else inputs[0]
   found.backward = name.startswith("gradient_tape/")
-  names = {layer.name for layer in keras_fit.all_layers(model)}
+  names = {model.name} | {layer.name for layer in fused_bn.all_layers(model)}
   path = stepflops.layer_paths({stepflops.scope_of(name): 0}, names)
   layer = next(iter(path))
   found.layer = layer.removeprefix(f"{model.name}/") if layer != model.name else layer

@@ -106,15 +106,6 @@ def test_a_called_functions_graph_and_tfs_op_statistics_are_still_found():
   assert keras_fit.function_graph(graph, "no_such_function") is None
 
 
-def test_all_layers_still_walks_into_the_layers_a_layer_holds():
-  x = keras.Input((3, 4))
-  y = keras.layers.MultiHeadAttention(1, 2, name="mha")(x, x)
-  names = {layer.name for layer in keras_fit.all_layers(keras.Model(x, y, name="m"))}
-  assert {"m", "mha", "query", "key", "value", "attention_output"} <= names, (
-      "Keras' _flatten_layers no longer walks nested layers: revisit "
-      "keras_fit.all_layers (the replay's op-to-layer names)")
-
-
 def test_trained_variables_are_still_the_ones_an_optimizer_was_built_for():
   model = _model()
   for optimizer in (keras.optimizers.Adam(),
