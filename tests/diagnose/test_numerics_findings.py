@@ -387,3 +387,44 @@ def test_a_custom_layers_own_product_overflowing_is_named(tmp_path):
   report = json.loads((tmp_path / "r" / "diagnosis.json").read_text())
   assert report["findings"][0]["id"] == "skip_cause"
   assert "inside energy" in report["findings"][0]["title"]
+
+
+def test_an_overflow_only_in_the_backward_pass_is_named_there_and_raises_no_alarm(
+    tmp_path):
+  """Token embeddings scaled up 1000-fold: every forward value in float16's range, but
+  the gradient flowing back through the scaling, times the starting loss scale,
+  passes 65504 (a float32 copy's own gradient says so). The replay names the op in
+  the gradient of that layer; dynamic scaling finding its scale is no finding."""
+  import mpt
+  keras.mixed_precision.set_global_policy("mixed_float16")
+  keras.utils.set_random_seed(0)
+  x = keras.Input((8,), dtype="int32")
+  h = keras.layers.Embedding(30, 64, name="embedding")(x)
+  h = keras.layers.Rescaling(1000.0, name="scale_up")(h)
+  h = keras.layers.GlobalAveragePooling1D()(h)
+  y = keras.layers.Dense(2, activation="softmax", dtype="float32")(h)
+  model = keras.Model(x, y)
+  model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+  ids = np.random.default_rng(0).integers(0, 30, (48, 8)).astype("int32")
+  labels = (ids[:, 0] % 2).astype("int32")
+  # The oracle, by numpy in float32 from the model's weights: the gradient of the
+  # mean loss over the second batch at the scaling's input (1000/8 x the classifier's
+  # kernel times softmax - one-hot, over the batch), times 2^14: the scale of step
+  # 2, the first a replay can follow (step 1's skip, at the starting 2^15, left the
+  # weights as they are).
+  table = model.get_layer("embedding").get_weights()[0]
+  kernel, bias = [w.astype(np.float32) for w in model.layers[-1].get_weights()]
+  pooled = (table[ids[8:16]] * 1000.0).mean(axis=1)
+  logits = pooled @ kernel + bias
+  p = np.exp(logits - logits.max(axis=1, keepdims=True))
+  p /= p.sum(axis=1, keepdims=True)
+  upstream = (p - np.eye(2)[labels[8:16]]) @ kernel.T / 8  # d(mean loss)/d(pooled)
+  grad = upstream * 1000.0 / 8 * 2.0 ** 14  # Through the scaling and the mean over 8.
+  assert np.abs(grad).max() > np.finfo(np.float16).max
+  keras.mixed_precision.set_global_policy("mixed_float16")
+  model.fit(ids, labels, batch_size=8, epochs=1, verbose=0,
+            callbacks=mpt.callbacks(str(tmp_path / "r"), batch_size=8, warmup_steps=1))
+  found = records.read(tmp_path / "r").overflows
+  assert found and found[0].backward and found[0].layer == "scale_up", found
+  report = json.loads((tmp_path / "r" / "diagnosis.json").read_text())
+  assert "skip_cause" not in [f["id"] for f in report["findings"]]
