@@ -42,6 +42,7 @@ PROGRAMS = (
     "seq2seq_transformer",
     "diffusion_ema",
     "input_optimisation",
+    "unet_segmenter",
 )
 
 
