@@ -56,13 +56,17 @@ class StepFlops:
   uncounted: dict[str, int] = dataclasses.field(default_factory=dict)  # Op type: n.
   how: str = HOW
 
-  def add(self, other: "StepFlops", times: int = 1) -> None:
-    self.total += other.total * times
-    self.matmul += other.matmul * times
+  def add(self, other: "StepFlops") -> None:
+    self.total += other.total
+    self.matmul += other.matmul
     for scope, n in other.by_scope.items():
-      self.by_scope[scope] = self.by_scope.get(scope, 0) + n * times
+      self.by_scope[scope] = self.by_scope.get(scope, 0) + n
     for kind, n in other.uncounted.items():
       self.uncounted[kind] = self.uncounted.get(kind, 0) + n
+
+  def unknown(self, kind: str) -> None:
+    """One op of type `kind` whose FLOPs the graph does not fix."""
+    self.uncounted[kind] = self.uncounted.get(kind, 0) + 1
 
 
 def of_step(step, *args, **kwargs) -> StepFlops:
@@ -99,32 +103,23 @@ def _running(graph) -> list:
 
 
 def _count_op(graph, op, found: StepFlops) -> None:
-  if op.type in CALLS:
-    inner = _function(graph, op.get_attr("f").name)
-    if inner is None:
-      found.uncounted[op.type] = found.uncounted.get(op.type, 0) + 1
-    else:
-      found.add(count(inner))
-    return
-  if op.type in BRANCHES:
-    branches = [_function(graph, op.get_attr(a).name) for a in ("then_branch", "else_branch")]
-    if any(b is None for b in branches):
-      found.uncounted[op.type] = found.uncounted.get(op.type, 0) + 1
-    else:
-      found.add(max((count(b) for b in branches), key=lambda f: f.total))
-    return
-  if op.type in LOOPS:
-    body = count(_function(graph, op.get_attr("body").name)) if _function(
-        graph, op.get_attr("body").name) is not None else None
-    if body is not None and body.total == 0:
-      return  # A loop of no arithmetic (a counter): nothing to know.
-    found.uncounted[op.type] = found.uncounted.get(op.type, 0) + 1
+  if op.type in CALLS | BRANCHES | LOOPS:
+    names = {"f"} if op.type in CALLS else {"body"} if op.type in LOOPS else \
+        {"then_branch", "else_branch"}
+    inner = [_function(graph, op.get_attr(a).name) for a in sorted(names)]
+    if any(g is None for g in inner):
+      found.unknown(op.type)
+      return
+    counted = [count(g) for g in inner]
+    if op.type in LOOPS:  # Its trip count is not in the graph: known only if empty.
+      if counted[0].total:
+        found.unknown(op.type)
+      return
+    found.add(max(counted, key=lambda f: f.total))  # A call, or the larger branch.
     return
   flops = _flops(graph, op)
-  if flops is None:
-    if op.type in MATMUL_OPS:
-      found.uncounted[op.type] = found.uncounted.get(op.type, 0) + 1
-    return
+  if flops is None and op.type in MATMUL_OPS:
+    found.unknown(op.type)
   if not flops:
     return
   found.total += flops
