@@ -116,14 +116,23 @@ class Evidence:
     return sum(shares) if shares else None
 
   def layer_shares(self, names: list[str]) -> list[dict[str, Any]]:
-    """Per named layer: dims, share of forward FLOPs, share of traced op time."""
+    """Per named layer: dims, its share of the FLOPs dtypes.json's shares are of
+    (`flops_of`), share of traced op time."""
     d = self.dtypes or {}
     rows = {r["name"]: r for r in d.get("layers", [])}
     total = d.get("forward_flops_per_example") or 1
     layer_time = (self.op_stats or {}).get("layer_time_share", {})
+    # A row's flops_share: written since the step is counted; before, of the table.
     return [{"name": n, "class": rows[n]["class"], "dims": rows[n]["dims"],
-             "flops_share": rows[n]["flops"] / total, "time_share": layer_time.get(n)}
+             "flops_share": rows[n].get("flops_share", rows[n]["flops"] / total),
+             "time_share": layer_time.get(n)}
             for n in names if n in rows]
+
+  @property
+  def flops_of(self) -> str:
+    """What dtypes.json's FLOP shares are of: the step's FLOPs, counted from its
+    graph, or (no step counted) the forward table's."""
+    return (self.dtypes or {}).get("shares_of", "forward FLOPs")
 
 
 def no_fast_path(hw: Hardware | None, policy: str) -> tuple[str, str] | None:

@@ -68,7 +68,7 @@ DOC_WORDS = {
                                f"< {SMALL_STEP_MS:g} ms"],
     "shared machine": [f">= {OTHERS_SHARE:.0%}"],
     "misaligned shapes": [f">= {MISALIGNED_SHARE:.0%}"],
-    "32-bit work": [f">= {FLOAT32_FLOP_SHARE:.0%} of forward FLOPs",
+    "32-bit work": [f">= {FLOAT32_FLOP_SHARE:.0%} of the step's FLOPs",
                     f">= {FLOAT32_TIME_SHARE:.0%} of traced time"],
     "loss-scale trouble": [f"beyond the first {SETTLING_SKIPS} >= "
                            f"{SKIPPED_SHARE:.0%}", f"loss scale < {MIN_SCALE:g}"],

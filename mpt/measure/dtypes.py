@@ -8,6 +8,8 @@ count, forward FLOPs per example, and whether its matrix dimensions (channels in
 units) are multiples of 8, the Tensor Core / AMX alignment rule. Below the rows: the
 share of forward FLOPs run in 16-bit and in 32-bit, the layers that run in float32 and
 why, and the dtypes of the gradients (they must be the float32 of the variables).
+Once the training step is counted from its graph (`with_step`), each row also holds
+its FLOPs in the step and the shares are the step's, by the dtype each op runs in.
 
 Used after every training run (dtypes.json, TensorBoard text `inspect/dtypes`) and
 without training by `python -m mpt.main --mode=inspect` (mpt/train/cli/run.py).
@@ -39,8 +41,9 @@ def layer_flops(layer: keras.layers.Layer, in_shape: tuple | None,
   the shapes it was seen called with.
 
   A multiply-add counts as 2 FLOPs. Convolutions and dense layers count their
-  multiply-adds (plus one per output for a fused activation); BatchNorm 4 per element
-  (subtract, divide, scale, shift); any other layer one per output element.
+  multiply-adds (plus one per output for a fused activation), EinsumDense those of its
+  equation; BatchNorm 4 per element (subtract, divide, scale, shift); any other layer
+  one per output element.
   """
   if hasattr(layer, "flops_per_example"):  # A custom layer that counts its own.
     return int(layer.flops_per_example()), None
@@ -55,9 +58,23 @@ def layer_flops(layer: keras.layers.Layer, in_shape: tuple | None,
     act = out if getattr(layer, "activation", None) not in (
         None, keras.activations.linear) else 0
     return 2 * out * per_output + act, (c_in, out_shape[-1])
+  if isinstance(layer, keras.layers.EinsumDense) and _contracted(layer):
+    return 2 * out * _contracted(layer), None
   if isinstance(layer, (keras.layers.BatchNormalization, FusedBatchNormalization)):
     return 4 * out, None
   return out, None
+
+
+def _contracted(layer: keras.layers.EinsumDense) -> int | None:
+  """How many products make one output of an EinsumDense: the size of the kernel's
+  axes its equation sums over (`btd,dnh->btnh`: d). None where the kernel's
+  subscripts hold an ellipsis."""
+  inputs, output = layer.equation.split("->")
+  kernel = inputs.split(",")[1]
+  if "." in kernel or len(kernel) != len(layer.kernel.shape):
+    return None
+  return math.prod(int(n) for axis, n in zip(kernel, layer.kernel.shape)
+                   if axis not in output)
 
 
 def _counted(layer: keras.layers.Layer) -> bool:
@@ -129,12 +146,16 @@ def _gradient_dtypes(model: keras.Model, x) -> list[str]:
 
 
 def _shares(rows: list[dict[str, Any]]) -> dict[str, Any]:
-  """The report's totals over the layer rows: FLOPs, and their shares by kind."""
+  """The report's totals over the layer rows: FLOPs, and their shares by kind; each
+  row's share of them (`flops_share`)."""
   total = sum(r["flops"] for r in rows) or 1
   f32 = sum(r["flops"] for r in rows if r["float32_reason"])
   misaligned = sum(r["flops"] for r in rows if r["aligned8"] is False)
+  for r in rows:
+    r["flops_share"] = r["flops"] / total
   return {
       "forward_flops_per_example": int(sum(r["flops"] for r in rows)),
+      "shares_of": "forward FLOPs",
       "flops_share_16bit": (total - f32) / total,
       "flops_share_32bit": f32 / total,
       "misaligned_flops_share": misaligned / total,
@@ -143,6 +164,46 @@ def _shares(rows: list[dict[str, Any]]) -> dict[str, Any]:
                           "flops_share": r["flops"] / total}
                          for r in rows if r["float32_reason"]],
   }
+
+
+SIXTEEN_BIT = ("float16", "bfloat16")
+
+
+def with_step(report: dict[str, Any], step: dict[str, Any], by_layer: dict[str, int],
+              by_dtype: dict[str, int], float32_by_layer: dict[str, int]) -> None:
+  """Adds the training step's FLOPs, counted from the ops of its traced graph
+  (mpt/train/common/stepflops.py), to `report`: `step_flops` (the step's figures),
+  each row's `step_flops` (its ops', forward and backward; None: no op of the step
+  is in its scope) and the shares recomputed over the step's FLOPs (`shares_of`):
+  16-bit and 32-bit by the dtype each op computes in; a float32 layer's by its own
+  ops, and under a 16-bit policy the layers whose ops compute in float32 although
+  their policy is 16-bit (a float32 logits projection) listed with them. The forward
+  table cannot see a layer's own ops (attention's matmuls, a custom layer's), so
+  where the step was counted its shares are the ones reported."""
+  report["step_flops"] = step
+  for row in report["layers"]:
+    row["step_flops"] = by_layer.get(row["name"])
+  total = sum(n for dtype, n in by_dtype.items() if dtype.startswith(("float", "bfloat")))
+  if not total:
+    return
+  for row in report["layers"]:
+    row["flops_share"] = (row["step_flops"] or 0) / total
+  listed = {layer["name"] for layer in report["float32_layers"]}
+  inside = [] if report["policy"] == "float32" else [
+      {"name": row["name"], "reason": "its ops compute in float32 under a 16-bit policy"}
+      for row in report["layers"]
+      if row["name"] not in listed and float32_by_layer.get(row["name"])]
+  report["float32_layers"] += inside
+  for layer in report["float32_layers"]:
+    layer["flops_share"] = float32_by_layer.get(layer["name"], 0) / total
+  report["float32_layers"].sort(key=lambda layer: -layer["flops_share"])
+  sixteen = sum(by_dtype.get(d, 0) for d in SIXTEEN_BIT)
+  rows = {r["name"]: r for r in report["layers"]}
+  report.update(
+      shares_of="the step's FLOPs", flops_share_16bit=sixteen / total,
+      flops_share_32bit=by_dtype.get("float32", 0) / total,
+      misaligned_flops_share=sum(rows[n]["flops_share"]
+                                 for n in report["misaligned_layers"]))
 
 
 def _sample(model: keras.Model, batch_size: int, seed: int,
@@ -220,6 +281,9 @@ def inspect_parts(name: str, models: list[keras.Model], batch_size: int = 2,
   variables = sorted({d for r in reports for d in r["variable_dtypes"]})
   return {
       "model": name, "parts": [r["model"] for r in reports],
+      # The Keras name each part's ops run under (an EMA copy by clone_model: its
+      # original's).
+      "part_models": [m.name for m in models],
       "policy": reports[0]["policy"],
       "input_shape": reports[0]["input_shape"],
       "inputs": {f"{r['model']}/{k}": v for r in reports for k, v in r["inputs"].items()},
@@ -249,16 +313,19 @@ def _step_line(report: dict[str, Any]) -> list[str]:
 
 
 def format_table(report: dict[str, Any], markdown: bool = False) -> str:
-  """The report as a text table (or a Markdown table) with its totals below."""
+  """The report as a text table (or a Markdown table) with its totals below; a column
+  of each layer's FLOPs in the step where the step was counted (`with_step`)."""
+  counted = any("step_flops" in r for r in report["layers"])
+  columns = COLUMNS + (("step_flops",) if counted else ())
   def cell(row, key):
     value = row[key]
     if key == "aligned8":
       return "" if value is None else ("yes" if value else "NO")
-    if key == "flops":
-      return f"{value / 1e6:.2f}M"
+    if key in ("flops", "step_flops"):
+      return "" if value is None else f"{value / 1e6:.2f}M"
     return str(value)
-  rows = [[cell(r, k) for k in COLUMNS] for r in report["layers"]]
-  header = [k if k != "flops" else "fwd flops" for k in COLUMNS]
+  rows = [[cell(r, k) for k in columns] for r in report["layers"]]
+  header = [{"flops": "fwd flops", "step_flops": "step flops"}.get(k, k) for k in columns]
   if markdown:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
@@ -273,7 +340,8 @@ def format_table(report: dict[str, Any], markdown: bool = False) -> str:
       f"policy {report['policy']}, {report['params']:,} parameters, "
       f"{report['forward_flops_per_example'] / 1e6:.1f} MFLOPs forward per example",
       *_step_line(report),
-      f"forward FLOPs in 16-bit: {report['flops_share_16bit']:.1%}, in 32-bit: "
+      f"{report.get('shares_of', 'forward FLOPs')} in 16-bit: "
+      f"{report['flops_share_16bit']:.1%}, in 32-bit: "
       f"{report['flops_share_32bit']:.1%}",
       f"float32 work: {f32}",
       *_unseen(report),

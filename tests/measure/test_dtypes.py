@@ -191,3 +191,13 @@ def test_an_ema_copy_is_a_part_named_apart_from_its_original():
   assert report["parts"] == ["network", "ema_network"]
   names = [r["name"] for r in report["layers"]]
   assert len(names) == len(set(names)) == 2 and names[0].startswith("network/")
+
+
+def test_einsum_dense_counts_the_products_of_its_equation():
+  """The forward table: an EinsumDense by the axes its equation sums over, by hand
+  (not one FLOP per output element): 6 tokens of 8 -> 2 heads x 4, per example."""
+  import keras
+  model = keras.Sequential([keras.Input((6, 8)),
+                            keras.layers.EinsumDense("btd,dnh->btnh", (6, 2, 4))])
+  row = inspect.inspect_model(model)["layers"][0]
+  assert row["flops"] == 2 * 6 * (2 * 4) * 8

@@ -38,17 +38,17 @@ def misaligned(ev: Evidence) -> Finding | None:
   if not shapes and per_replica % 8 == 0:
     return None
   evidence = [f"{l['name']} ({l['class']}, {l['dims']}): {l['flops_share']:.1%} of "
-              f"forward FLOPs" + (f", {l['time_share']:.1%} of traced op time"
+              f"{ev.flops_of}" + (f", {l['time_share']:.1%} of traced op time"
                                   if l["time_share"] is not None else "")
               for l in ev.layer_shares(names)]
-  evidence.append(f"{share:.1%} of forward FLOPs" + (
+  evidence.append(f"{share:.1%} of {ev.flops_of}" + (
       f" and {time_share:.1%} of traced op time" if layer_time else "")
       + " in layers whose channels/units are not multiples of 8")
   if per_replica % 8:
     evidence.append(f"batch size {per_replica} per replica is not a multiple of 8")
   return Finding("misaligned", "medium", max(share, time_share),
                  "misaligned shapes for 16-bit units",
-                 f"misaligned share of forward FLOPs or of traced op time >= "
+                 f"misaligned share of {ev.flops_of} or of traced op time >= "
                  f"{MISALIGNED_SHARE:.0%}, or a batch not a multiple of 8", evidence,
                  _misaligned_step(ev, shapes, per_replica),
                  ["dtypes"] + (["trace"] if layer_time else []))
@@ -64,7 +64,7 @@ def float32_work(ev: Evidence) -> Finding | None:
   if flop_share < FLOAT32_FLOP_SHARE and time_share < FLOAT32_TIME_SHARE:
     return None
   layers = sorted(d.get("float32_layers", []), key=lambda l: -l["flops_share"])
-  evidence = [f"{flop_share:.1%} of forward FLOPs run in float32: " + ", ".join(
+  evidence = [f"{flop_share:.1%} of {ev.flops_of} run in float32: " + ", ".join(
       f"{l['name']} {l['flops_share']:.1%}" for l in layers[:5])]
   if ops:
     evidence.append(f"traced op time: {ops.get('float32_time_share', 0):.1%} in "

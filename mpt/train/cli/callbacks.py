@@ -30,6 +30,7 @@ import tensorflow as tf
 
 from mpt import config
 from mpt import console
+from mpt import files
 from mpt import injection
 from mpt.measure import dtypes as dtypes_lib
 from mpt.measure import instrument
@@ -105,7 +106,8 @@ def make(run: Run) -> RunCallbacks:
                        guards.SignalStop(lambda: counter.done, spe), metrics)
   if cfg.instrument:  # The step's FLOPs, from its graph once it ran (stepflops.py).
     found.flops = stepflops.CountStep(writer.sources, default_args=(
-        stepflops.batch_specs(run.data.val.element_spec, cfg.batch_size),))
+        stepflops.batch_specs(run.data.val.element_spec, cfg.batch_size),),
+        counted=functools.partial(_into_dtypes, run, writer))
   found.numerics = numerics_lib.for_run(run, steps_lib.make_loss(), lambda: counter.done,
                                         writer)
   if injection.kill_at():
@@ -122,6 +124,16 @@ def make(run: Run) -> RunCallbacks:
                                           step=lambda: counter.current,
                                           marker=keras_fit.step_marker)
   return found
+
+
+def _into_dtypes(run: Run, writer, found: stepflops.StepFlops) -> None:
+  """The step's FLOPs into dtypes.json and its TensorBoard table, once counted: each
+  layer's, and the shares by precision over what the step runs."""
+  if not run.report:
+    return
+  stepflops.into_report(run.report, found, run.cfg.batch_size)
+  files.write_json(run.out_dir / "dtypes.json", run.report)
+  writer.text("inspect/dtypes", dtypes_lib.format_table(run.report, markdown=True))
 
 
 def _texts(run: Run) -> dict[str, str]:

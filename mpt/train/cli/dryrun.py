@@ -98,20 +98,14 @@ def _step_flops(cfg: config.Config, model: keras.Model,
     steps = steps_lib.Steps(model, optimizer, loss=steps_lib.make_loss(),
                             global_batch=cfg.batch_size)
     size = cfg.image_size
-    found = stepflops.of_step(
-        steps.train_step, tf.TensorSpec([cfg.batch_size, size, size, 3], tf.float32),
-        tf.TensorSpec([cfg.batch_size], tf.int32))
+    found = stepflops.of_trace(steps.train_step, (
+        tf.TensorSpec([cfg.batch_size, size, size, 3], tf.float32),
+        tf.TensorSpec([cfg.batch_size], tf.int32)), [model])
   except Exception as e:  # The inspection goes on without it.
     print(f"mpt: the step's FLOPs not counted: {type(e).__name__}: {e}", flush=True)
     return None
-  names = {row["name"] for row in report["layers"]} | {model.name}
-  by_layer = {path.removeprefix(f"{model.name}/"): n for path, n in
-              stepflops.layer_paths(found.by_scope, names).items()}
-  for row in report["layers"]:
-    row["step_flops"] = by_layer.get(row["name"])
-  return {"batch_size": cfg.batch_size, "total": found.total if not found.uncounted
-          else None, "matmul": found.matmul, "uncounted": found.uncounted,
-          "counted_by": found.how}
+  stepflops.into_report(report, found, cfg.batch_size)
+  return report["step_flops"]
 
 
 def _write_plan(run_dir, model: keras.Model, per_layer) -> None:

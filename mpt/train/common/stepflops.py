@@ -20,10 +20,15 @@ fixes, the ops inside. Any other op's FLOPs are unknown and counted as such
 known at run time. Ops nobody registers FLOPs for (Relu, casts, reshapes) are not
 counted, as TensorFlow's profiler does not count them.
 
+Each op's FLOPs are kept by the layer path of its name scope and by the dtype it
+computes in; `into_report` gives them to the run's dtypes report (per layer row, and
+the shares of 16-bit and float32 work).
+
 A multiply-add counts as 2 FLOPs, as everywhere in mpt.
 """
 
 import collections
+import contextlib
 import dataclasses
 import math
 import re
@@ -31,6 +36,8 @@ import re
 import keras
 import tensorflow as tf
 
+from mpt.measure import dtypes as dtypes_lib
+from mpt.models import fused_bn
 from mpt.train.common import keras_fit
 
 HOW = ("graph: the ops of the traced step, forward and backward, as TensorFlow runs "
@@ -54,6 +61,8 @@ class StepFlops:
   matmul: int = 0  # Of which MatMul/BatchMatMul/Einsum/convolutions, both passes.
   by_scope: dict[str, int] = dataclasses.field(default_factory=dict)  # Layer path.
   uncounted: dict[str, int] = dataclasses.field(default_factory=dict)  # Op type: n.
+  by_dtype: dict[str, int] = dataclasses.field(default_factory=dict)  # The op's dtype.
+  float32_by_scope: dict[str, int] = dataclasses.field(default_factory=dict)
   how: str = HOW
 
   def add(self, other: "StepFlops") -> None:
@@ -63,6 +72,18 @@ class StepFlops:
       self.by_scope[scope] = self.by_scope.get(scope, 0) + n
     for kind, n in other.uncounted.items():
       self.uncounted[kind] = self.uncounted.get(kind, 0) + n
+    for dtype, n in other.by_dtype.items():
+      self.by_dtype[dtype] = self.by_dtype.get(dtype, 0) + n
+    for scope, n in other.float32_by_scope.items():
+      self.float32_by_scope[scope] = self.float32_by_scope.get(scope, 0) + n
+
+  def rename(self, path) -> None:
+    """Scopes renamed by `path` (a scope -> the layer path it stands for)."""
+    for field in ("by_scope", "float32_by_scope"):
+      renamed: dict[str, int] = collections.defaultdict(int)
+      for scope, n in getattr(self, field).items():
+        renamed[path(scope)] += n
+      setattr(self, field, dict(renamed))
 
   def unknown(self, kind: str) -> None:
     """One op of type `kind` whose FLOPs the graph does not fix."""
@@ -75,6 +96,50 @@ def of_step(step, *args, **kwargs) -> StepFlops:
   Python function traced once for counting (nothing runs)."""
   fn = step if hasattr(step, "get_concrete_function") else tf.function(step)
   return count(fn.get_concrete_function(*args, **kwargs).graph)
+
+
+def of_trace(step, args: tuple, models: list) -> StepFlops:
+  """The FLOPs of a step not yet traced (a tf.function made for counting), traced
+  here with the name scope each layer of `models` runs under recorded: TensorFlow
+  makes a scope unique with a suffix (`conv2d` may run under `conv2d_1`, and the layer
+  `conv2d_1` under `conv2d_1_2`), which no name rule can undo. Each op's scope is then
+  the path of its layers' own names."""
+  with _layer_scopes(models) as scopes:
+    graph = step.get_concrete_function(*args).graph
+  found = count(graph)
+  found.rename(lambda scope: _named(scope, scopes))
+  return found
+
+
+@contextlib.contextmanager
+def _layer_scopes(models: list):
+  """{name scope: layer name}, filled while the step traces: each layer's `call` is
+  wrapped, on the instance and for the trace only, to read the scope Keras opened."""
+  scopes: dict[str, str] = {}
+  layers = [m for m in models] + [l for m in models for l in fused_bn.all_layers(m)]
+  patched = []
+  for layer in {id(l): l for l in layers}.values():
+    if "call" in vars(layer):  # A call set on the instance already: left as it is.
+      continue
+    original, name = layer.call, layer.name
+    def call(*args, _original=original, _name=name, **kwargs):
+      scopes.setdefault(tf.get_current_name_scope(), _name)
+      return _original(*args, **kwargs)
+    object.__setattr__(layer, "call", call)
+    patched.append(layer)
+  try:
+    yield scopes
+  finally:
+    for layer in patched:
+      object.__delattr__(layer, "call")
+
+
+def _named(scope: str, scopes: dict[str, str]) -> str:
+  """`scope` with each part that is a recorded layer's scope read as that layer's
+  name (`residual_unet_1/conv2d_1_2` -> `residual_unet/conv2d_1`)."""
+  parts = scope.split("/")
+  return "/".join(scopes.get("/".join(parts[:i + 1]), part)
+                  for i, part in enumerate(parts))
 
 
 def count(graph) -> StepFlops:
@@ -127,6 +192,19 @@ def _count_op(graph, op, found: StepFlops) -> None:
     found.matmul += flops
   scope = scope_of(op.name)
   found.by_scope[scope] = found.by_scope.get(scope, 0) + flops
+  dtype = _dtype(op)
+  found.by_dtype[dtype] = found.by_dtype.get(dtype, 0) + flops
+  if dtype == "float32":
+    found.float32_by_scope[scope] = found.float32_by_scope.get(scope, 0) + flops
+
+
+def _dtype(op) -> str:
+  """The dtype an op computes in: its type attribute `T` (a MatMul's, a Conv2D's),
+  else its first output's."""
+  try:
+    return tf.as_dtype(op.get_attr("T")).name
+  except (ValueError, TypeError):
+    return op.outputs[0].dtype.name if op.outputs else "unknown"
 
 
 def scope_of(name: str) -> str:
@@ -239,6 +317,51 @@ def layer_paths(scopes: dict[str, int], names: set[str]) -> dict[str, int]:
   return dict(out)
 
 
+def by_row(scopes: dict[str, int], rows: list[str],
+           aliases: dict[str, str] | None = None) -> dict[str, int]:
+  """`by_scope` summed per layer row of a dtypes report (`rows`: their paths, which
+  leave out the model and any nested model that holds every layer): a scope is its
+  deepest part that ends in a row's path (`gemma_causal_lm_1/gemma_backbone_1/
+  decoder_block_0_1/attention_1/query_1/einsum` -> `decoder_block_0/attention/query`),
+  the `_1` a second trace gives a scope dropped, and a segment renamed by `aliases`
+  (a part's Keras name -> its name in the rows). Scopes of no row (a layer's own ops
+  beside its sublayers', the loss, the optimizer) are left out."""
+  segments = {seg for row in rows for seg in row.split("/")}
+  known, aliases = set(rows), aliases or {}
+  plain = lambda p: p if p in segments else re.sub(r"_\d+$", "", p)
+  out: dict[str, int] = collections.defaultdict(int)
+  for scope, n in scopes.items():
+    parts = [aliases.get(plain(p), plain(p)) for p in scope.split("/")]
+    found = next((path for end in range(len(parts), 0, -1) for start in range(end)
+                  if (path := "/".join(parts[start:end])) in known), None)
+    if found:
+      out[found] += n
+  return dict(out)
+
+
+def _part_aliases(report: dict) -> dict[str, str]:
+  """A report of parts: each part's Keras name -> the part's name in the rows. Parts
+  sharing a Keras name (an EMA copy by clone_model) cannot be told apart by the name
+  scopes of the step's ops: theirs go to the first such part, the one listed first
+  (the trained network before its copy, as the parts are found)."""
+  aliases: dict[str, str] = {}
+  for part, keras_name in zip(report.get("parts", []), report.get("part_models", [])):
+    aliases.setdefault(keras_name, part)
+  return aliases
+
+
+def into_report(report: dict, found: StepFlops, batch_size: int | None) -> None:
+  """`found` written into a dtypes report (measure/dtypes.with_step): the step's
+  figures as `step_flops`, each layer row's FLOPs and the shares by the dtype each op
+  computes in."""
+  rows = [row["name"] for row in report["layers"]]
+  step = {"batch_size": batch_size, "total": None if found.uncounted else found.total,
+          "matmul": found.matmul, "uncounted": found.uncounted, "counted_by": found.how}
+  aliases = _part_aliases(report)
+  dtypes_lib.with_step(report, step, by_row(found.by_scope, rows, aliases),
+                       found.by_dtype, by_row(found.float32_by_scope, rows, aliases))
+
+
 def batch_specs(element_spec, batch: int):
   """TensorSpecs of one batch of `batch` examples, from a dataset's element_spec (the
   batch dimension fixed: a graph traced with it has every shape known)."""
@@ -254,11 +377,12 @@ class CountStep(keras.callbacks.Callback):
 
   `step` and `args` say which step: `use(step, *args)` (a loop's own tf.function and
   its arguments' specs), or by default Keras' `train_step` of the model fit trains,
-  traced for `default_args` (one batch's specs)."""
+  traced for `default_args` (one batch's specs). `counted(found)`, where given, is
+  told the count (the run's dtypes report takes it in)."""
 
-  def __init__(self, sources=None, default_args: tuple | None = None):
+  def __init__(self, sources=None, default_args: tuple | None = None, counted=None):
     super().__init__()
-    self.sources, self.default_args = sources, default_args
+    self.sources, self.default_args, self.counted = sources, default_args, counted
     self.step, self.args, self.kwargs = None, None, {}
     self.no_graph: str | None = None  # Why the step has no graph to count.
     self.found: StepFlops | None = None
@@ -308,7 +432,12 @@ class CountStep(keras.callbacks.Callback):
         self.not_counted = ("no batch of the step was seen to trace it with (fit "
                             "fetches its own batches under steps_per_execution > 1)")
         return
-      self.found = of_step(step, *args, **self.kwargs)
+      if self.step is None:  # Traced here: each layer's scope read as it traces.
+        self.found = of_trace(step, args, [self.model] if self.model else [])
+      else:
+        self.found = of_step(step, *args, **self.kwargs)
+      if self.counted:
+        self.counted(self.found)
     except Exception as e:  # Best effort: the training goes on.
       self.not_counted = f"the step's graph could not be counted: {type(e).__name__}: {e}"
       print(f"mpt: FLOPs not counted: {self.not_counted}", flush=True)

@@ -92,7 +92,8 @@ class RunFolder(keras.callbacks.Callback):
     self.program = program_lib.Program(api=opts.api, batch_size=opts.batch_size)
     self.report, self.verdict, self.batch, self.inspected = None, None, None, False
     self.latest = None  # The last batch fed.
-    self.flops = stepflops.CountStep(writer.sources)  # The step's, after step 1.
+    # The step's FLOPs, counted after step 1, taken into dtypes.json.
+    self.flops = stepflops.CountStep(writer.sources, counted=self._into_dtypes)
     # mpt.track: how the loop ended (mpt/errors.py `ended`), and what happened.
     self.status, self.message = "completed", None
     self.start = time.perf_counter()
@@ -187,6 +188,15 @@ class RunFolder(keras.callbacks.Callback):
       self.report["read_only_parts"] = [
           name for name, part in named
           if not any(id(v) in trained for v in part.weights)]
+
+  def _into_dtypes(self, found: stepflops.StepFlops) -> None:
+    """The step's FLOPs into dtypes.json and its TensorBoard table: each layer's, and
+    the shares by precision over what the step runs."""
+    if not self.report:
+      return
+    stepflops.into_report(self.report, found, self.opts.batch_size)
+    files.write_json(self.run_dir / "dtypes.json", self.report)
+    self.writer.text("inspect/dtypes", dtypes_lib.format_table(self.report, True))
 
   def _count_flops(self) -> None:
     """The step's FLOPs from its graph: a tracked loop's own step (Tracker.step gave

@@ -190,6 +190,11 @@ def test_the_command_lines_run_records_the_graphs_count(tiny):
   rows = {r["name"]: r for r in report["layers"]}
   assert rows["conv2"]["step_flops"] == pytest.approx(3 * 2 * 4 * 4 * 64 * 49 * 32 * 8,
                                                       rel=0.01)
+  # The run's dtypes.json took the same per-layer count in (its batch, 8, the same).
+  written = json.loads(open(f"{result['run_dir']}/dtypes.json").read())
+  assert written["shares_of"] == "the step's FLOPs"
+  assert {r["name"]: r["step_flops"] for r in written["layers"]} == \
+      {n: r["step_flops"] for n, r in rows.items()}
 
 
 def test_mobilenet_v2_counts_its_depthwise_convolutions_both_ways():
@@ -218,3 +223,67 @@ def test_mobilenet_v2_counts_its_depthwise_convolutions_both_ways():
     first = False
   assert found.matmul == pytest.approx(hand, rel=0.1), (found.matmul, hand)
   assert not found.uncounted
+
+
+class Float32Inside(keras.layers.Layer):
+  """A layer under a 16-bit policy whose own matmul runs in float32 (as a float32
+  logits projection does)."""
+
+  def build(self, shape):
+    self.w = self.add_weight(shape=(shape[-1], shape[-1]))
+
+  def call(self, x):
+    return keras.ops.matmul(keras.ops.cast(x, "float32"), self.w)
+
+
+def test_the_reports_shares_are_the_steps_by_the_dtype_each_op_computes_in():
+  """dtypes.json's shares, once the step is counted: over the step's FLOPs, by the
+  dtype of each op (by hand: the first Dense in bfloat16, forward and its weights'
+  gradient; the rest in float32, three products each), each layer's own."""
+  from mpt.measure import dtypes as dtypes_lib
+  batch, width = 32, 64
+  keras.mixed_precision.set_global_policy("mixed_bfloat16")
+  try:
+    model = keras.Sequential([keras.Input((width,)), keras.layers.Dense(width),
+                              Float32Inside(name="inside"),
+                              keras.layers.Dense(10, dtype="float32", name="head")])
+    report = dtypes_lib.inspect_model(model)
+    found = stepflops.of_step(train_step(model), tf.zeros([batch, width]))
+  finally:
+    keras.mixed_precision.set_global_policy("float32")
+  stepflops.into_report(report, found, batch)
+  sixteen = 2 * dense(batch, width, width)
+  inside, head = 3 * dense(batch, width, width), 3 * dense(batch, width, 10)
+  total = sixteen + inside + head
+  assert report["shares_of"] == "the step's FLOPs"
+  assert report["flops_share_16bit"] == pytest.approx(sixteen / total, rel=0.05)
+  rows = {r["name"]: r for r in report["layers"]}
+  assert rows["inside"]["step_flops"] == pytest.approx(inside, rel=0.05)
+  float32 = {l["name"]: l for l in report["float32_layers"]}
+  assert float32["inside"]["reason"] == "its ops compute in float32 under a 16-bit policy"
+  assert float32["head"]["flops_share"] == pytest.approx(head / total, rel=0.05)
+  assert [l["name"] for l in report["float32_layers"]] == ["inside", "head"]
+  assert "the step's FLOPs in 16-bit" in dtypes_lib.format_table(report)
+
+
+def test_layers_named_like_tensorflows_unique_scopes_get_their_own_ops():
+  """Layers named `d`, `d_1`, `d_2`: TensorFlow runs them under scopes it makes
+  unique (`d_1`, `d_1_1`, ...), so a scope's name alone cannot say whose ops they
+  are; the scopes recorded as the step traces do. Each row's FLOPs by hand: forward,
+  weights' gradient and (past the first) input gradient, 2 FLOPs per multiply-add."""
+  from mpt.measure import dtypes as dtypes_lib
+  x = keras.Input((8,))
+  h = keras.layers.Dense(16, name="d")(x)
+  h = keras.layers.Dense(32, name="d_1")(h)
+  model = keras.Model(x, keras.layers.Dense(4, name="d_2")(h), name="net")
+  model.compile(optimizer="sgd", loss="mse")
+  model.fit(tf.zeros([B, 8]), tf.zeros([B, 4]), verbose=0)
+  report = dtypes_lib.inspect_model(model)
+  step = tf.function(model.train_step, autograph=False)
+  found = stepflops.of_trace(step, ((tf.TensorSpec([B, 8]), tf.TensorSpec([B, 4])),),
+                             [model])
+  stepflops.into_report(report, found, B)
+  rows = {r["name"]: r["step_flops"] for r in report["layers"]}
+  hand = {"d": 2 * dense(B, 8, 16), "d_1": 3 * dense(B, 16, 32), "d_2": 3 * dense(B, 32, 4)}
+  for name, flops in hand.items():
+    assert rows[name] == pytest.approx(flops, rel=0.1), (name, rows)

@@ -26,14 +26,17 @@ FIELDS = ("status", "steps", "epochs_completed", "policy", "loop", "skipped_step
           "loss_scale")
 
 
-def _programs() -> tuple[str, ...]:
+def _run_all():
   spec = importlib.util.spec_from_file_location("mpt_programs_run_all", RUNNER)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)  # Imports nothing of TensorFlow or Keras.
-  return module.PROGRAMS
+  return module
 
 
-PROGRAMS = _programs()
+NEEDS = _run_all().NEEDS
+# The programs whose extra's module is installed (find_spec imports nothing).
+PROGRAMS = tuple(name for name in _run_all().PROGRAMS
+                 if importlib.util.find_spec(NEEDS.get(name, "mpt")) is not None)
 
 
 def _mismatches(out, name: str, result: dict) -> list[str]:
@@ -56,13 +59,22 @@ def test_every_program_gets_its_run_folder(tmp_path):
   pytest-xdist a shared fixture would run the whole corpus once per worker), each
   run folder compared with the figures the program fixed: loss_scale exactly."""
   out = tmp_path / "out"
-  proc = script_forked(RUNNER, str(out), cwd=tmp_path)  # Its start is not under test.
+  # Its start is not under test.
+  proc = script_forked(RUNNER, str(out), *PROGRAMS, cwd=tmp_path)
   assert proc.returncode == 0, proc.stderr[-3000:]
   results = json.loads((out / "results.json").read_text())
   assert list(results) == list(PROGRAMS)
   wrong = [line for name in PROGRAMS for line in _mismatches(out, name, results[name])]
   assert not wrong, "\n".join(wrong)
   _honest_figures(out)
+
+
+@pytest.mark.parametrize("name", sorted(NEEDS))
+def test_a_program_of_an_extra_runs_where_the_extra_is_installed(name):
+  """Said, not silent, where an extra is missing (the corpus test leaves it out)."""
+  if name not in PROGRAMS:
+    pytest.skip(f"{name} needs {NEEDS[name]} (setup.cfg's extra `hub`), not installed: "
+                "left out of the corpus")
 
 
 def _honest_figures(out) -> None:
@@ -114,6 +126,12 @@ def _honest_figures(out) -> None:
   assert ema["read_only_parts"] == ["ema_network"]
   assert ema["trained_params"] == sum(r["params"] for r in ema["layers"]
                                       if r["name"].startswith("network/")) > 0
+  # Its step's FLOPs per layer: the network's first convolution (8x8x8 outputs of a
+  # 3x3x3 window, batch 8) forward and its weights' gradient, by hand; the copy's
+  # rows none (the step never calls it).
+  rows = {r["name"]: r["step_flops"] for r in ema["layers"]}
+  assert rows["network/conv2d"] == pytest.approx(2 * 2 * 8 * 8 * 8 * 27 * 8, rel=0.1)
+  assert all(n is None for name, n in rows.items() if name.startswith("ema_network/"))
   # A loop that trains an image through a frozen extractor: no weight trained, its
   # step's FLOPs (3 images forward, input gradients only) from the step's graph.
   frozen = read("input_optimisation")
@@ -128,7 +146,24 @@ def _honest_figures(out) -> None:
   # Its numerics sampled in float32 whole: the layers its blocks hold in a list (the
   # decoder's norms) switched too (float16 beside float32 failed the sample before).
   assert "numerics" not in read("seq2seq_transformer").not_measured
+  if "keras_hub_backbone" in PROGRAMS:
+    _keras_hub_figures(out)
   # What the program ran, per fit: a fine-tune's two fits, their optimizers' rates.
   tune = read("fine_tune").program
   assert [(f.epochs, f.epochs_completed) for f in tune.fits] == [(2, 2), (1, 1)]
   assert [o.inner for o in tune.optimizers] == ["Adam", "Adam"]
+
+
+def _keras_hub_figures(out) -> None:
+  """A KerasHub Gemma under mixed_bfloat16: each layer's FLOPs in the step, by hand;
+  the logits projection the backbone computes in float32 named as float32 work."""
+  d = json.loads((out / "keras_hub_backbone" / "dtypes.json").read_text())
+  rows = {r["name"]: r for r in d["layers"]}
+  # The query projection, batch 4 x 16 tokens, 32 -> 2 heads x 16: forward, the
+  # kernel's gradient and the input's gradient, 2 FLOPs per multiply-add each.
+  hand = 3 * 2 * (4 * 16) * 32 * (2 * 16)
+  assert abs(rows["decoder_block_0/attention/query"]["step_flops"] - hand) <= 0.1 * hand
+  assert d["shares_of"] == "the step's FLOPs" and d["step_flops"]["total"] > 0
+  float32 = {l["name"]: l for l in d["float32_layers"]}
+  assert float32["token_embedding"]["reason"].startswith("its ops compute in float32")
+  assert float32["token_embedding"]["flops_share"] > 0.05, float32

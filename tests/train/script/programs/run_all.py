@@ -43,7 +43,11 @@ PROGRAMS = (
     "diffusion_ema",
     "input_optimisation",
     "unet_segmenter",
+    "keras_hub_backbone",
 )
+# A program that needs a module of an extra (setup.cfg): {program: module}; the test
+# runs it where the module is installed, and says so where not.
+NEEDS = {"keras_hub_backbone": "keras_hub"}
 
 
 def load(name: str):
