@@ -19,7 +19,9 @@ of its output is bfloat16's own in that layer, its inputs exact. A layer that ca
 be called alone (several arguments, a mask) gets none.
 """
 
+import collections
 import contextlib
+import functools
 import time
 from typing import Any, Callable, Iterable
 
@@ -44,11 +46,21 @@ REDUCTIONS = ("Softmax", "LayerNormalization", "BatchNormalization",
               "GlobalAveragePooling3D", "MultiHeadAttention", "Attention",
               "GroupQueryAttention")
 Loss = Callable[[Any, Any, Any], Any]  # (x, y, prediction) -> the scalar loss.
+# Ops whose outputs are a variable's value: weights stay float32 under a mixed policy.
+VARIABLE_READS = ("ReadVariableOp",)
+# A context manager that calls its argument (op_type, outputs) after each op run
+# eagerly inside it (keras_fit.eager_op_outputs: TF internals live in mpt/train).
+OpWatch = Callable[[Callable[[str, list], None]], Any]
 
 
 def values(t) -> Values:
   """`t`'s magnitudes as a Values (computed in float32)."""
-  a = np.abs(np.asarray(tf.cast(t, tf.float32))).ravel()
+  return _magnitudes(np.asarray(tf.cast(t, tf.float32)))
+
+
+def _magnitudes(array: np.ndarray) -> Values:
+  """A numpy array's magnitudes as a Values (no TensorFlow op runs)."""
+  a = np.abs(array.astype(np.float32)).ravel()
   finite = np.isfinite(a)
   nonzero = a[finite & (a > 0)]
   _, exponents = np.frexp(nonzero)  # |v| = m * 2^e with m in [0.5, 1).
@@ -59,6 +71,17 @@ def values(t) -> Values:
       max=float(np.max(a)) if a.size else 0.0,
       min_nonzero=float(np.min(nonzero)) if nonzero.size else None,
       hist={str(int(b)): int(n) for b, n in zip(bins, counts)})
+
+
+def _range(array: np.ndarray) -> Values:
+  """Only the range of an array's magnitudes (count, non-finite, above 65504, the
+  largest): what an op's values inside a layer are judged by, at a fraction of a
+  histogram's cost (every op of every layer is read)."""
+  a = np.abs(array.astype(np.float32, copy=False)).ravel()
+  finite = np.isfinite(a)
+  return Values(count=int(a.size), nonfinite=int(a.size - np.count_nonzero(finite)),
+                overflow=int(np.count_nonzero(a > F16_MAX)),
+                max=float(a.max()) if a.size else 0.0)
 
 
 def is_reduction(layer: keras.layers.Layer) -> bool:
@@ -88,8 +111,10 @@ def state_kept(variables):
       v.assign(value)
 
 
-def _pass(model: keras.Model, x, y, loss: Loss | None):
-  """(the watched layer calls, their gradients or None, the loss) of one batch."""
+def _pass(model: keras.Model, x, y, loss: Loss | None, ops: OpWatch | None,
+          inside: dict[int, tuple[Values, str]], float16: dict[int, set[str]] | None):
+  """(the watched layer calls, their gradients or None, the loss) of one batch; with
+  `ops`, each layer's own ops' outputs into `inside` (`_note`)."""
   seen: dict[int, observe.Call] = {}
   x = keras.tree.map_structure(
       lambda t: tf.convert_to_tensor(t) if isinstance(t, np.ndarray) else t, x)
@@ -97,7 +122,9 @@ def _pass(model: keras.Model, x, y, loss: Loss | None):
     for t in keras.tree.flatten(x):
       if isinstance(t, tf.Tensor) and t.dtype.is_floating:
         tape.watch(t)
-    with observe.watching(seen):
+    with observe.watching(seen) as stack, (
+        ops(functools.partial(_note, stack, inside, float16)) if ops
+        else contextlib.nullcontext()):
       prediction = model(x, training=True)
     value = loss(x, y, prediction) if loss else None
   calls = [c for c in seen.values() if c.layer is not model and c.output is not None
@@ -105,6 +132,49 @@ def _pass(model: keras.Model, x, y, loss: Loss | None):
   grads = tape.gradient(value, [c.output for c in calls]) if value is not None \
       else [None] * len(calls)
   return calls, grads, None if value is None else float(value)
+
+
+def _float16_ops(model: keras.Model, x, ops: OpWatch) -> dict[int, set[str]] | None:
+  """Per layer, the types of its own ops whose outputs are float16 under
+  mixed_float16 (policies.to_float16), from one example's forward pass: the values
+  float16 would have to hold (a LayerNormalization computes its statistics in
+  float32 under any policy; MultiHeadAttention's scores are float16). None where
+  the pass fails (then every op of a layer counts)."""
+  found: dict[int, set[str]] = collections.defaultdict(set)
+
+  def note(stack, op_type, outputs):
+    if stack and any(getattr(t, "dtype", None) == tf.float16 for t in outputs):
+      found[id(stack[-1].layer)].add(op_type)
+  n = int(keras.tree.flatten(x)[0].shape[0])
+  try:
+    with policies.switched(model, policies.to_float16), \
+        state_kept(model.non_trainable_variables):
+      with observe.watching({}) as stack, ops(functools.partial(note, stack)):
+        model(_first(x, 1, n), training=True)
+  except Exception:  # Best effort: every op counts.
+    return None
+  return found
+
+
+def _note(stack: list[observe.Call], inside: dict[int, tuple[Values, str]],
+          float16: dict[int, set[str]] | None, op_type: str, outputs: list) -> None:
+  """One op's outputs, run inside the innermost layer call now running, merged into
+  that layer's `inside` (its values, the type of the op that made the largest):
+  where `float16` is known, only an op of a type that computes in float16 there."""
+  if not stack or op_type in VARIABLE_READS:
+    return
+  key = id(stack[-1].layer)
+  if float16 is not None and op_type not in float16.get(key, ()):
+    return
+  for t in outputs:
+    if not (hasattr(t, "numpy") and t.dtype.is_floating):
+      continue
+    found = _range(np.asarray(t.numpy()))
+    if key not in inside:
+      inside[key] = (found, op_type)
+      continue
+    held, op = inside[key]
+    inside[key] = (held.merge(found), op_type if found.max > held.max else op)
 
 
 def _inputs(call: observe.Call, made_by: dict[int, int]) -> list[int]:
@@ -141,16 +211,23 @@ def bf16_error(layer: keras.layers.Layer, argument, n: int, batch: int) -> float
 
 def sample(model: keras.Model, batches: Iterable[tuple[Any, Any]], loss: Loss | None,
            step: int, loss_scale: float | None,
-           clock: Callable[[], float] = time.perf_counter) -> Sample:
-  """One sample of `model`'s numerics on `batches` of (x, y) at `step`."""
+           clock: Callable[[], float] = time.perf_counter,
+           ops: OpWatch | None = None) -> Sample:
+  """One sample of `model`'s numerics on `batches` of (x, y) at `step`. With `ops`
+  (a way to see each op TensorFlow runs eagerly: keras_fit.eager_op_outputs), each
+  layer's row also holds `inside`: the values its own ops made in its call (the
+  attention scores inside MultiHeadAttention, a custom layer's products)."""
   start = clock()
   rows: dict[int, LayerNumerics] = {}
   losses, examples, first = [], 0, None
+  inside: dict[int, tuple[Values, str]] = {}
+  batches = list(batches)
+  float16 = _float16_ops(model, batches[0][0], ops) if ops and batches else None
   with in_float32(model) as dtypes, state_kept(model.non_trainable_variables):
     for x, y in batches:
       n = int(keras.tree.flatten(x)[0].shape[0])
       x, y = _first(x, MAX_EXAMPLES, n), _first(y, MAX_EXAMPLES, n)
-      calls, grads, value = _pass(model, x, y, loss)
+      calls, grads, value = _pass(model, x, y, loss, ops, inside, float16)
       first = first or (calls, x)
       examples += int(keras.tree.flatten(x)[0].shape[0])
       losses += [value] if value is not None else []
@@ -167,6 +244,9 @@ def sample(model: keras.Model, batches: Iterable[tuple[Any, Any]], loss: Loss | 
           row.grad = row.grad.merge(g) if row.grad and g else row.grad or g
     if first:
       _name_and_round(rows, *first)
+  for key, (found, op) in inside.items():
+    if key in rows:
+      rows[key].inside, rows[key].inside_op = found, op
   return Sample(step=step, examples=examples, loss_scale=loss_scale,
                 loss=float(np.mean(losses)) if losses else None,
                 layers=list(rows.values()), seconds=round(clock() - start, 3))

@@ -87,7 +87,7 @@ def watching(seen: dict[int, Call]):
   with _LOCK:
     keras.layers.Layer.__call__ = watched
     try:
-      yield
+      yield stack  # The calls running now, innermost last.
     finally:
       keras.layers.Layer.__call__ = original
 

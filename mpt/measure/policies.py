@@ -146,6 +146,15 @@ def to_float32(layer: keras.layers.Layer, follows_model: bool) -> str | None:
   return "float32" if resolved(layer).compute_dtype in SIXTEEN_BIT else None
 
 
+def to_float16(layer: keras.layers.Layer, follows_model: bool) -> str | None:
+  """mixed_float16 for every layer that computes in a 16-bit dtype now or follows the
+  model's policy (in a float32 run: the layers mixed_float16 would make 16-bit); a
+  layer pinned to float32 stays."""
+  if resolved(layer).compute_dtype in SIXTEEN_BIT or follows_model:
+    return "mixed_float16"
+  return None
+
+
 def map_of(model: keras.Model, pairs: list[tuple[str, str]] = ()
            ) -> tuple[PolicyMap, list[str]]:
   """(the DTypePolicyMap of `model` as it computes now, the layers of the plan `pairs`

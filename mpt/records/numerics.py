@@ -110,6 +110,12 @@ class LayerNumerics:
   # The layers whose outputs it reads: a layer that reads an output above 65504
   # casts it to float16 on entry (inf) even where that layer is kept in float32.
   reads: list[str] = dataclasses.field(default_factory=list)
+  # The range of the values its own ops made inside its call that float16 would hold
+  # (count, non-finite, above 65504, largest; no histogram): attention scores before
+  # their softmax, a custom layer's products, its output; and the type of the op that
+  # made the largest. None: not watched.
+  inside: Values | None = None
+  inside_op: str | None = None
 
 
 @dataclasses.dataclass
@@ -216,6 +222,20 @@ class Worst:
   keep: tuple[float, float] | None  # keep_scales of its gradients.
   pinned: bool
   reads: tuple[str, ...] = ()
+  # Inside its call (LayerNumerics.inside): the largest |value| its own ops made, the
+  # share of those values above 65504, the op that made the largest.
+  in_max: float | None = None
+  in_over: float = 0.0
+  in_op: str | None = None
+
+  def overflows(self) -> bool:
+    """Whether float16 could not hold what it computes: its output, or a value its
+    own ops make inside its call (attention scores before their softmax)."""
+    return self.overflow > 0 or self.in_over > 0
+
+  def inside_only(self) -> bool:
+    """Whether only the inside of its call passes float16's range, not its output."""
+    return self.overflow == 0 and self.in_over > 0
 
 
 def worst(found: Numerics) -> list[Worst]:
@@ -228,6 +248,8 @@ def worst(found: Numerics) -> list[Worst]:
     for g in grads[1:]:
       grad = grad.merge(g)
     errors = [r.bf16_error for r in seen if r.bf16_error is not None]
+    inside = [r for r in seen if r.inside is not None]
+    top = max(inside, key=lambda r: r.inside.max) if inside else None
     rows.append(Worst(
         name, seen[0].cls, seen[0].dtype, max(r.output.max for r in seen),
         max(r.output.overflow_share() for r in seen),
@@ -237,7 +259,10 @@ def worst(found: Numerics) -> list[Worst]:
         max(g.share_above(F16_MAX, scale) for g in grads) if grads else None,
         max(g.mass_below(F16_MIN_SUBNORMAL, scale) for g in grads) if grads else None,
         max(errors) if errors else None, any(r.reduction for r in seen),
-        keep_scales(grad) if grad else None, seen[0].pinned, tuple(seen[0].reads)))
+        keep_scales(grad) if grad else None, seen[0].pinned, tuple(seen[0].reads),
+        top.inside.max if top else None,
+        max(r.inside.overflow_share() for r in inside) if inside else 0.0,
+        top.inside_op if top else None))
   return rows
 
 
@@ -247,7 +272,7 @@ def overflow_keep(rows: list[Worst], most: int = 5) -> tuple[list[Worst], list[s
   them, since a layer kept in float32 still hands its output to a float16 reader that
   casts it on entry (34a32f8: followed, that advice completed the run). The one rule
   of the f16_overflow finding and of --policy=auto's reason to drop float16."""
-  over = [r for r in rows if r.overflow > 0]
+  over = [r for r in rows if r.overflows()]
   names = [r.name for r in over[:most]]
   names += [r.name for r in rows if r.name not in names and set(r.reads) & set(names)]
   return over, names
@@ -275,7 +300,8 @@ def describe(found: Numerics) -> str:
   if not rows:
     return "no layer seen"
   top = max(rows, key=lambda r: r.out_max)
-  over = [r.name for r in rows if r.overflow]
+  over = [r.name + (f" (inside: {r.in_op} {r.in_max:.3g})" if r.inside_only() else "")
+          for r in rows if r.overflows()]
   parts = [f"largest output {top.out_max:.3g} ({top.name})",
            "above float16's 65504: " + (", ".join(over[:3]) + (
                f" and {len(over) - 3} more" if len(over) > 3 else "") if over else "none")]
@@ -299,16 +325,18 @@ def one_line(sample: Sample, policy: str) -> str:
 
 def format_table(found: Numerics, limit: int = 40) -> str:
   """Per layer (Markdown): its compute dtype, largest |output|, share above 65504,
-  largest |gradient|, shares below 2^-24 at scale 1 and at the scale judged, and
+  largest |value| its own ops made inside its call (with the op, where only that
+  passes 65504), largest |gradient|, shares below 2^-24 at scale 1 and at the scale judged, and
   bfloat16's relative error."""
   scale = found.scale() or 1.0
-  lines = ["| layer | class | dtype | max \\|out\\| | out > 65504 | max \\|grad\\| | "
-           f"grad < 2^-24 at 1 | at {scale:g} | bf16 error |",
-           "|---|---|---|---|---|---|---|---|---|"]
+  lines = ["| layer | class | dtype | max \\|out\\| | out > 65504 | max \\|inside\\| | "
+           f"max \\|grad\\| | grad < 2^-24 at 1 | at {scale:g} | bf16 error |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
   rows = worst(found)
   for r in rows[:limit]:
+    inside = _num(r.in_max) + (f" ({r.in_op})" if r.in_op and r.inside_only() else "")
     lines.append(f"| {r.name} | {r.cls} | {r.dtype} | {_num(r.out_max)} | "
-                 f"{_pct(r.overflow)} | {_num(r.grad_max)} | {_pct(r.under_1)} | "
+                 f"{_pct(r.overflow)} | {inside} | {_num(r.grad_max)} | {_pct(r.under_1)} | "
                  f"{_pct(r.under_scaled)} | {_pct(r.bf16_error)}"
                  f"{' (reduction)' if r.reduction and r.bf16_error else ''} |")
   if len(rows) > limit:

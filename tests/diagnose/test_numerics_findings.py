@@ -319,6 +319,10 @@ def test_attention_scores_overflowing_inside_the_layer_are_the_skips_cause(tmp_p
   assert sampled and max(sampled) < np.finfo(np.float16).max  # Outputs in range.
   first = report["findings"][0]
   assert first["id"] == "skip_cause" and "inside attention" in first["title"]
+  # The sample's range inside the layer is this finding's evidence, not a second one.
+  assert any(e.startswith("the numerics sample: attention") and "Einsum's values" in e
+             for e in first["evidence"]), first["evidence"]
+  assert "f16_overflow" not in [f["id"] for f in report["findings"]]
   assert 'dtype="float32"' in first["next_step"]
   underflow = [f for f in report["findings"] if f["id"] == "gradient_underflow"]
   assert all("a consequence of" in f["title"] for f in underflow)

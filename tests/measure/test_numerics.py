@@ -240,3 +240,73 @@ def test_the_histogram_answers_any_power_of_two_scale_exactly():
   assert np.mean(nonzero * low / 2 < F16_MIN_SUBNORMAL) > 0.001
   assert nonzero.max() * high < F16_MAX <= nonzero.max() * high * 2
   assert UNDERFLOW_SHARE < 0.5  # The finding fires well before half are lost.
+
+
+def _ops():
+  from mpt.train.common import keras_fit
+  return keras_fit.eager_op_outputs
+
+
+def test_attention_scores_inside_the_layer_are_its_range_as_numpy_computes_them():
+  """MultiHeadAttention whose query and key projections are 8000 times their initial
+  weights: its scores (q.k, numpy's own, from the layer's weights) pass 65504 while
+  every layer's output stays in range. (Keras 3.15 multiplies q.k by 1/sqrt(64)
+  after the product, so the product itself is what float16 must hold: 8x the scaled
+  scores.) The sample holds the scores'
+  largest value inside the attention row, from the op that made it; the forward-
+  looking finding (a bfloat16 run) names the layer and says it is inside."""
+  keras.mixed_precision.set_global_policy("mixed_bfloat16")
+  try:
+    keras.utils.set_random_seed(0)
+    x = keras.Input((8,), dtype="int32")
+    h = keras.layers.Embedding(30, 64, name="embedding")(x)
+    attention = keras.layers.MultiHeadAttention(2, 64, name="attention")
+    h = keras.layers.GlobalAveragePooling1D()(attention(h, h))
+    model = keras.Model(x, keras.layers.Dense(2, activation="softmax",
+                                              dtype="float32")(h))
+    for dense in (attention._query_dense, attention._key_dense):
+      dense.kernel.assign(dense.kernel * 8000.0)
+    ids = np.random.default_rng(0).integers(0, 30, (4, 8)).astype("int32")
+    labels = np.zeros(4, "int32")
+    sample = numerics.sample(model, [(ids, labels)], _sparse, 1, None, ops=_ops())
+  finally:
+    keras.mixed_precision.set_global_policy("float32")
+  embedded = model.get_layer("embedding").get_weights()[0][ids]
+  wq, bq = [w.numpy() for w in attention._query_dense.weights]
+  wk, bk = [w.numpy() for w in attention._key_dense.weights]
+  q = np.einsum("btd,dhk->bthk", embedded, wq) + bq
+  k = np.einsum("btd,dhk->bthk", embedded, wk) + bk
+  scores = np.abs(np.einsum("bthk,bshk->bhts", q, k)).max()
+  assert scores > F16_MAX
+  rows = {l.name: l for l in sample.layers}
+  assert max(l.output.max for l in sample.layers) < F16_MAX
+  assert rows["attention"].inside.max == pytest.approx(scores, rel=1e-3)
+  assert rows["attention"].inside_op == "Einsum"
+  finding = _findings(Numerics("mixed_bfloat16", samples=[sample]),
+                      "mixed_bfloat16")["f16_overflow"]
+  assert finding and "attention's values inside would overflow" in finding.title
+  assert "Einsum's values up to" in finding.evidence[0]
+
+
+def test_a_normalisations_float32_statistics_are_not_float16s_to_hold(monkeypatch):
+  """Values up to 500 into LayerNormalization: their variance (numpy's) passes
+  65504, but Keras computes a normalisation's statistics in float32 under any
+  policy, so float16 never holds it: no overflow. Read without the one-example
+  float16 pass that tells which ops compute in float16, it would be."""
+  keras.utils.set_random_seed(0)
+  x = keras.Input((16,))
+  h = keras.layers.Rescaling(500.0, name="scale_up")(x)
+  h = keras.layers.LayerNormalization(name="norm")(h)
+  model = keras.Model(x, keras.layers.Dense(2, activation="softmax")(h))
+  data = np.random.default_rng(2).uniform(-1, 1, (8, 16)).astype("float32")
+  assert (data * 500.0).var(axis=-1).max() > F16_MAX  # The oracle.
+  batches = [(data, np.zeros(8, "int32"))]
+  found = Numerics("float32", samples=[numerics.sample(model, batches, _sparse, 1, None,
+                                                       ops=_ops())])
+  assert not {r.name: r for r in records.worst(found)}["norm"].overflows()
+  assert _findings(found, "float32")["f16_overflow"] is None
+  # Every op of the layer counted (no float16 pass): its statistics would overflow.
+  monkeypatch.setattr(numerics, "_float16_ops", lambda *args: None)
+  found = Numerics("float32", samples=[numerics.sample(model, batches, _sparse, 1, None,
+                                                       ops=_ops())])
+  assert {r.name: r for r in records.worst(found)}["norm"].overflows()

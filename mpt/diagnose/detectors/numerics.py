@@ -51,25 +51,39 @@ def _named(rows: list[Worst], limit: int = 3) -> str:
   return ", ".join(names) + more
 
 
-@detector("f16_overflow", needs="numerics.json")
+@detector("f16_overflow", needs="numerics.json", superseded_by=("skip_cause",))
 def f16_overflow(ev: Evidence) -> Finding | None:
-  """Layers whose outputs exceed float16's largest value (65504): under float16 they
-  become inf, and the loss NaN."""
+  """Layers whose outputs, or the values their own ops make inside their call,
+  exceed float16's largest value (65504): under float16 they become inf, and the loss
+  NaN. Superseded by skip_cause, which says the same with the skipped steps' replay
+  and takes this one's evidence."""
   rows, own = _under(ev, "float16", _rows(ev))
   over, names = numerics_lib.overflow_keep(rows)
   if not over:
     return None
   first = over[0]
-  evidence = [f"{r.name} ({r.cls}): largest |output| {r.out_max:.4g}, "
-              f"{r.overflow:.2%} of its outputs above {F16_MAX:g}" for r in over[:5]]
+  evidence = [_overflow_line(r) for r in over[:5]]
   evidence.append("bfloat16's range reaches 3.4e38: safe under bfloat16")
   when = "" if own else "under mixed_float16, "
+  what = "values inside" if all(r.inside_only() for r in over) else "activations"
   return Finding(
-      "f16_overflow", "high" if own else "low", first.overflow,
-      f"{when}{_named(over)}'s activations {'overflow' if own else 'would overflow'} "
-      "float16", f"any output above float16's {F16_MAX:g} (it becomes inf)",
+      "f16_overflow", "high" if own else "low", max(first.overflow, first.in_over),
+      f"{when}{_named(over)}'s {what} {'overflow' if own else 'would overflow'} "
+      "float16", f"any output, or value a layer's own ops make inside its call, above "
+      f"float16's {F16_MAX:g} (it becomes inf)",
       evidence, _keep_float32(ev, names)
       + "; or --policy=mixed_bfloat16 (safe under bfloat16)", ["numerics"])
+
+
+def _overflow_line(r: Worst) -> str:
+  """What passes float16's range in layer `r`: its output, or inside its call (the op
+  that made the largest value: an Einsum of attention scores before their softmax)."""
+  line = (f"{r.name} ({r.cls}): largest |output| {r.out_max:.4g}, "
+          f"{r.overflow:.2%} of its outputs above {F16_MAX:g}")
+  if r.in_over:
+    line += (f"; inside its call, {r.in_op}'s values up to {r.in_max:.4g}, "
+             f"{r.in_over:.2%} of them above {F16_MAX:g}")
+  return line
 
 
 def _forward_overflows(ev: Evidence) -> list:
@@ -99,6 +113,9 @@ def skip_cause(ev: Evidence) -> Finding | None:
                     "replayed (a bounded number are)")
   evidence.append("every layer's output can be in range: the overflow is inside the "
                   "layer, in an op of its own")
+  over, keep = numerics_lib.overflow_keep(_under(ev, "float16", _rows(ev))[0])
+  evidence += [f"the numerics sample: {_overflow_line(r)}" for r in over[:3]]
+  layers = sorted(set(layers) | set(keep))
   s = ev.summary
   if s.skipped_steps:
     evidence.append(f"{s.skipped_steps} of {s.steps} steps skipped; the loss scale "

@@ -10,6 +10,7 @@ other module of mpt may use a private attribute of a Keras or TF object (an impo
 walk in tests/test_architecture.py checks that too).
 """
 
+import contextlib
 from typing import Any, Callable
 
 import keras
@@ -106,6 +107,28 @@ def trained_variables(optimizer: keras.optimizers.Optimizer) -> list:
   by build(var_list); it has no public list."""
   inner = getattr(optimizer, "inner_optimizer", None)
   return list(getattr(inner or optimizer, "_trainable_variables", []) or [])
+
+
+@contextlib.contextmanager
+def eager_op_outputs(seen: Callable[[str, list], None]):
+  """Inside the block, `seen(op_type, outputs)` after each op TensorFlow runs eagerly
+  (not the ops a tf.function's graph holds), in this thread: the values a layer
+  computes inside its call, which no Keras hook shows. TF 2.21 offers this only in
+  tensorflow.python (op_callbacks, which tf.debugging.enable_check_numerics and
+  Debugger V2 are built on). `seen` must run no TensorFlow op itself (the callback
+  would recurse): read the outputs with .numpy()."""
+  from tensorflow.python.framework import op_callbacks
+
+  def callback(op_type, inputs, attrs, outputs, op_name=None, graph=None):
+    if graph is None and outputs is not None:  # Eager ops name their type in bytes.
+      seen(op_type.decode() if isinstance(op_type, bytes) else op_type, list(outputs))
+    return None  # The outputs as they are.
+
+  op_callbacks.add_op_callback(callback)
+  try:
+    yield
+  finally:
+    op_callbacks.remove_op_callback(callback)
 
 
 def onednn_rewrite_on() -> bool:

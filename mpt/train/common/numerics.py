@@ -29,6 +29,7 @@ from mpt.measure import policies
 from mpt.records import numerics as records
 from mpt.records.numerics import Numerics
 from mpt.train.common import besteffort
+from mpt.train.common import keras_fit
 from mpt.train.common import overflow
 from mpt.train.common import precision
 from mpt.train.common import steps as steps_lib
@@ -114,7 +115,8 @@ class Watch(keras.callbacks.Callback):
     if any(s.step == step for s in self.found.samples):
       return
     sample = measure.sample(self.source.model(), self.source.batches(step),
-                            self.source.loss(), step, self.source.scale())
+                            self.source.loss(), step, self.source.scale(),
+                            ops=keras_fit.eager_op_outputs)
     self.found.samples.append(sample)
     self.found.seconds = round(sum(s.seconds for s in self.found.samples), 3)
     records.write(self.run_dir, self.found)
@@ -178,7 +180,8 @@ def before_training(cfg: config.Config, model: keras.Model, batches: list,
   found = Numerics(cfg.policy, cfg.loss_scale)
   scale = records.DYNAMIC_START if cfg.loss_scale == "dynamic" else float(cfg.loss_scale)
   sample = besteffort.Parts(found.not_measured).attempt(
-      "numerics", measure.sample, model, batches, sparse_loss(loss), 0, scale)
+      "numerics", measure.sample, model, batches, sparse_loss(loss), 0, scale,
+      ops=keras_fit.eager_op_outputs)
   if sample is not None:
     found.samples.append(sample)
     found.seconds = sample.seconds
@@ -196,7 +199,8 @@ def unsafe(cfg: config.Config, model: keras.Model, data) -> dict[str, str]:
   over, keep = records.overflow_keep([r for r in records.worst(found) if not r.pinned])
   if not over:
     return {}
-  names = ", ".join(f"{r.name} ({r.out_max:.3g})" for r in over[:3])
+  names = ", ".join(f"{r.name} ({r.in_op} inside it: {r.in_max:.3g})" if r.inside_only()
+                    else f"{r.name} ({r.out_max:.3g})" for r in over[:3])
   pattern = records.layer_pattern(keep)
   return {"mixed_float16": f"numerics: {names} above float16's {records.F16_MAX:g} "
                            f"(--layer_policy='{pattern}=float32' keeps them and their "

@@ -106,6 +106,17 @@ def test_a_called_functions_graph_and_tfs_op_statistics_are_still_found():
   assert keras_fit.function_graph(graph, "no_such_function") is None
 
 
+def test_eager_op_outputs_still_sees_each_op_a_layer_runs():
+  seen = []
+  layer = keras.layers.Dense(2)
+  layer.build((1, 4))
+  with keras_fit.eager_op_outputs(lambda op, outputs: seen.append(
+      (op, [o.numpy().shape for o in outputs]))):
+    layer(np.ones((1, 4), "float32"))
+  assert ("MatMul", [(1, 2)]) in seen, (
+      f"revisit keras_fit.eager_op_outputs: the eager MatMul was not seen ({seen})")
+
+
 def test_trained_variables_are_still_the_ones_an_optimizer_was_built_for():
   model = _model()
   for optimizer in (keras.optimizers.Adam(),
