@@ -50,7 +50,11 @@ def _figures(ev: evidence.Evidence) -> dict[str, Any]:
       "baseline_run": b.run_dir if b else None,
       "flops_share_16bit": d.get("flops_share_16bit"),
       "flops_share_32bit": d.get("flops_share_32bit"),
-      "float32_layers": ev.layer_shares([l["name"] for l in d.get("float32_layers", [])]),
+      # The float32 layers that hold a share of the FLOPs or of the traced time (a
+      # float32 flatten or pooling layer holds none worth a word).
+      "float32_layers": [l for l in ev.layer_shares(
+          [l["name"] for l in d.get("float32_layers", [])])
+          if l["flops_share"] >= 0.001 or l["time_share"]],
       "float32_time_share": ops.get("float32_time_share"),
       "cast_time_share": ops.get("cast_time_share"),
       "misaligned_flops_share": d.get("misaligned_flops_share"),
