@@ -137,7 +137,10 @@ class Overflow:
   step: int  # The step that was skipped (1-based, as steps are counted).
   loss_scale: float | None  # The scale it ran at.
   op: str | None = None  # Its type (BatchMatMulV2, Softmax, ...).
-  tensor: str | None = None  # The op's first input, by its name in the replayed graph.
+  # The op's first input, by its name in the replayed graph (backward pass).
+  tensor: str | None = None
+  # Its output's dtype and shape (forward pass, run eagerly: tensors have no names).
+  output: str | None = None
   layer: str | None = None  # The Keras layer path the op belongs to.
   backward: bool = False  # In the gradient (the loss scale matters) or the forward.
   kind: str | None = None  # "+Inf", "-Inf" or "NaN", as TensorFlow's check says.

@@ -315,6 +315,8 @@ def test_attention_scores_overflowing_inside_the_layer_are_the_skips_cause(tmp_p
   found = records.read(tmp_path / "f16")
   assert found.overflows and found.overflows[0].layer == "attention"
   assert not found.overflows[0].backward and found.overflows[0].op
+  # Found in the forward pass run eagerly (no trace): the scores' own output named.
+  assert found.overflows[0].output.startswith("float16 [8, 2, 8, 8]")
   sampled = [l.output.max for s in found.samples for l in s.layers if l.output.max]
   assert sampled and max(sampled) < np.finfo(np.float16).max  # Outputs in range.
   first = report["findings"][0]

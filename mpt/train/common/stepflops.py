@@ -104,15 +104,15 @@ def of_trace(step, args: tuple, models: list) -> StepFlops:
   makes a scope unique with a suffix (`conv2d` may run under `conv2d_1`, and the layer
   `conv2d_1` under `conv2d_1_2`), which no name rule can undo. Each op's scope is then
   the path of its layers' own names."""
-  with _layer_scopes(models) as scopes:
+  with layer_scopes(models) as scopes:
     graph = step.get_concrete_function(*args).graph
   found = count(graph)
-  found.rename(lambda scope: _named(scope, scopes))
+  found.rename(lambda scope: named(scope, scopes))
   return found
 
 
 @contextlib.contextmanager
-def _layer_scopes(models: list):
+def layer_scopes(models: list):
   """{name scope: layer name}, filled while the step traces: each layer's `call` is
   wrapped, on the instance and for the trace only, to read the scope Keras opened."""
   scopes: dict[str, str] = {}
@@ -134,7 +134,7 @@ def _layer_scopes(models: list):
       object.__delattr__(layer, "call")
 
 
-def _named(scope: str, scopes: dict[str, str]) -> str:
+def named(scope: str, scopes: dict[str, str]) -> str:
   """`scope` with each part that is a recorded layer's scope read as that layer's
   name (`residual_unet_1/conv2d_1_2` -> `residual_unet/conv2d_1`)."""
   parts = scope.split("/")
@@ -303,18 +303,6 @@ _OWN = {"Einsum": _einsum, "BatchMatMul": _batch_matmul, "BatchMatMulV2": _batch
         "Conv3DBackpropInputV2": _conv_backprop, "Conv3DBackpropFilterV2": _conv_backprop,
         "DepthwiseConv2dNativeBackpropInput": _conv_backprop,
         "DepthwiseConv2dNativeBackpropFilter": _conv_backprop}
-
-
-def layer_paths(scopes: dict[str, int], names: set[str]) -> dict[str, int]:
-  """`by_scope` keyed by layer paths readable against `names` (the layers' own names):
-  the `_1` suffixes a second trace gives a name scope dropped where the name without
-  it is a layer's."""
-  out: dict[str, int] = collections.defaultdict(int)
-  for scope, n in scopes.items():
-    parts = [p if p in names else re.sub(r"_\d+$", "", p)
-             if re.sub(r"_\d+$", "", p) in names else p for p in scope.split("/")]
-    out["/".join(parts)] += n
-  return dict(out)
 
 
 def by_row(scopes: dict[str, int], rows: list[str],
