@@ -199,6 +199,12 @@ def write(run_dir: pathlib.Path, found: Numerics) -> None:
   files.write_json(run_dir / FILE, found.to_dict())
 
 
+def overflows_of(run_dir: pathlib.Path) -> list[Overflow]:
+  """The skipped steps replayed in a run folder (none: no numerics.json)."""
+  found = read(run_dir)
+  return found.overflows if found else []
+
+
 def read(run_dir: pathlib.Path) -> Numerics | None:
   """The run folder's numerics.json, or None where it has none."""
   path = run_dir / FILE

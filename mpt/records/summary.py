@@ -34,6 +34,7 @@ from mpt.records.cost import Cost, OnednnChoice
 from mpt.records.layers import LayerCosts
 from mpt.records.machine import Hardware, Utilisation
 from mpt.records.memory import MemoryPlan
+from mpt.records.numerics import Overflow
 from mpt.records.program import Program
 from mpt.records.verdict import Candidate, PolicyChoice, PolicyVerdict
 
@@ -110,6 +111,9 @@ class RunSummary:
   # Precision.
   loss_scale: float | None = None
   skipped_steps: int = 0
+  # Why steps were skipped: each replayed skipped step's first non-finite op and its
+  # layer (numerics.json `overflows`, its owner, copied here as the run's headline).
+  skip_causes: list[Overflow] = dataclasses.field(default_factory=list)
   # What this run could not measure, by what ({"cost": why, "data_wait": why}): a
   # script's run (mpt.callbacks, mpt.track) says so instead of leaving a gap.
   not_measured: dict[str, str] = dataclasses.field(default_factory=dict)

@@ -332,6 +332,9 @@ def test_attention_scores_overflowing_inside_the_layer_are_the_skips_cause(tmp_p
   # the run started with (a replay that trained would have moved them).
   ran = json.loads((tmp_path / "f16" / "summary.json").read_text())
   assert ran["skipped_steps"] == ran["steps"]
+  # Each replayed skip's op and layer in summary.json too, as numerics.json has them.
+  assert [(c["step"], c["op"], c["layer"]) for c in ran["skip_causes"]] == \
+      [(o.step, o.op, o.layer) for o in found.overflows]
   assert all(np.array_equal(a, w.numpy()) for a, w in zip(before, model.weights))
   assert len(found.overflows) == overflow.MAX_REPLAYS
   # Each replayed skip's cause, in the run's TensorBoard text too.

@@ -16,6 +16,7 @@ from mpt.machine import hardware
 from mpt.machine import rates
 from mpt.measure import instrument
 from mpt.measure import memory
+from mpt.records import numerics as numerics_records
 from mpt.records.memory import MemoryPlan
 from mpt.records.summary import RunSummary
 from mpt.train.common import figures as figures_lib
@@ -77,6 +78,7 @@ def build(run: Run, timer: instrument.StepTimer, status: str,
       onednn_choice=run.before.onednn,
       memory=_memory(run.memory),
       flops_share_16bit=run.report["flops_share_16bit"] if run.report else None,
+      skip_causes=numerics_records.overflows_of(run.out_dir),
       microbench_gflops_by_dtype=by_dtype,
       achieved_vs_microbench=achieved / measured if achieved and measured else None,
       util=run.sampler.stats() if run.sampler else None,

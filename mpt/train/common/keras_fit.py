@@ -113,15 +113,20 @@ def trained_variables(optimizer: keras.optimizers.Optimizer) -> list:
 def eager_op_outputs(seen: Callable[[str, list], None]):
   """Inside the block, `seen(op_type, outputs)` after each op TensorFlow runs eagerly
   (not the ops a tf.function's graph holds), in this thread: the values a layer
-  computes inside its call, which no Keras hook shows. TF 2.21 offers this only in
-  tensorflow.python (op_callbacks, which tf.debugging.enable_check_numerics and
-  Debugger V2 are built on). `seen` must run no TensorFlow op itself (the callback
-  would recurse): read the outputs with .numpy()."""
+  computes inside its call, which no Keras hook shows. The outputs are those TF's own
+  numerics check reads: not FusedBatchNorm's auxiliary ones, undefined in inference
+  mode (its IGNORE_OP_OUTPUTS). TF 2.21 offers both only in tensorflow.python
+  (op_callbacks, which tf.debugging.enable_check_numerics and Debugger V2 are built
+  on). `seen` must run no TensorFlow op itself (the callback would recurse): read
+  the outputs with .numpy()."""
+  from tensorflow.python.debug.lib import check_numerics_callback
   from tensorflow.python.framework import op_callbacks
+  ignored = {(op.decode(), i) for op, i in check_numerics_callback.IGNORE_OP_OUTPUTS}
 
   def callback(op_type, inputs, attrs, outputs, op_name=None, graph=None):
     if graph is None and outputs is not None:  # Eager ops name their type in bytes.
-      seen(op_type.decode() if isinstance(op_type, bytes) else op_type, list(outputs))
+      op = op_type.decode() if isinstance(op_type, bytes) else op_type
+      seen(op, [t for i, t in enumerate(outputs) if (op, i) not in ignored])
     return None  # The outputs as they are.
 
   op_callbacks.add_op_callback(callback)

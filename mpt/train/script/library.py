@@ -40,6 +40,7 @@ from mpt.measure import observe
 from mpt.measure import policies
 from mpt.measure import profiler
 from mpt.measure import sampler as sampler_lib
+from mpt.records import numerics as numerics_records
 from mpt.records import program as program_lib
 from mpt.records.summary import RunSummary
 from mpt.train.common import besteffort
@@ -307,6 +308,7 @@ class RunFolder(keras.callbacks.Callback):
         else stats.get("data_wait_share"),
         wall_s=round(time.perf_counter() - self.start, 3),
         flops_share_16bit=self.report["flops_share_16bit"] if self.report else None,
+        skip_causes=numerics_records.overflows_of(self.run_dir),
         util=self.parts.attempt("sampler", self.sampler.stats) if self.sampler else None,
         hardware=hardware.facts(), policy_verdict=self.verdict, cost=self.cost,
         layer_costs=self.layer_costs,

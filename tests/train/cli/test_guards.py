@@ -26,6 +26,10 @@ def test_float16_overflow_is_skipped_and_training_recovers(tiny, loop):
   assert np.isfinite(losses[-1]) and losses[-1] < 5  # ... and training went on.
   skipped = read_scalars(summary["run_dir"])["precision/skipped_steps"]
   assert skipped[-1][1] == summary["skipped_steps"]
+  # Each poisoned step replayed (the loss' factor is outside what a replay runs: the
+  # model and the loss are finite), said in summary.json as numerics.json says it.
+  causes = {c["step"]: c["op"] for c in summary["skip_causes"]}
+  assert 3 in causes and all(causes[s] is None for s in (3, 4, 5) if s in causes)
 
 
 @pytest.mark.parametrize("loop", ["fit", "custom"])

@@ -115,6 +115,15 @@ def test_eager_op_outputs_still_sees_each_op_a_layer_runs():
     layer(np.ones((1, 4), "float32"))
   assert ("MatMul", [(1, 2)]) in seen, (
       f"revisit keras_fit.eager_op_outputs: the eager MatMul was not seen ({seen})")
+  # Inference-mode batch normalisation: its output only, not its undefined others.
+  seen.clear()
+  with keras_fit.eager_op_outputs(lambda op, outputs: seen.append(
+      (op, [o.numpy().shape for o in outputs]))):
+    tf.compat.v1.nn.fused_batch_norm(np.ones((1, 1, 2, 3), "float32"), np.ones(3, "float32"),
+                                     np.zeros(3, "float32"), np.zeros(3, "float32"),
+                                     np.ones(3, "float32"), is_training=False)
+  assert [s for op, s in seen if op.startswith("FusedBatchNorm")] == [[(1, 1, 2, 3)]], (
+      f"revisit keras_fit.eager_op_outputs: TF's ignored outputs changed ({seen})")
 
 
 def test_trained_variables_are_still_the_ones_an_optimizer_was_built_for():
