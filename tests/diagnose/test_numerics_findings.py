@@ -416,24 +416,24 @@ def test_an_overflow_only_in_the_backward_pass_is_named_there_and_raises_no_alar
   model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
   ids = np.random.default_rng(0).integers(0, 30, (48, 8)).astype("int32")
   labels = (ids[:, 0] % 2).astype("int32")
-  # The oracle, by numpy in float32 from the model's weights: the gradient of the
-  # mean loss over the second batch at the scaling's input (1000/8 x the classifier's
-  # kernel times softmax - one-hot, over the batch), times 2^14: the scale of step
-  # 2, the first a replay can follow (step 1's skip, at the starting 2^15, left the
-  # weights as they are).
+  # The oracle, by numpy in float32 from the model's weights as built: the gradient
+  # of the mean loss over the first batch at the scaling's input (1000/8 x the
+  # classifier's kernel times softmax - one-hot, over the batch), times 2^15: the
+  # scale step 1 runs at, its skip replayed.
   table = model.get_layer("embedding").get_weights()[0]
   kernel, bias = [w.astype(np.float32) for w in model.layers[-1].get_weights()]
-  pooled = (table[ids[8:16]] * 1000.0).mean(axis=1)
+  pooled = (table[ids[:8]] * 1000.0).mean(axis=1)
   logits = pooled @ kernel + bias
   p = np.exp(logits - logits.max(axis=1, keepdims=True))
   p /= p.sum(axis=1, keepdims=True)
-  upstream = (p - np.eye(2)[labels[8:16]]) @ kernel.T / 8  # d(mean loss)/d(pooled)
-  grad = upstream * 1000.0 / 8 * 2.0 ** 14  # Through the scaling and the mean over 8.
+  upstream = (p - np.eye(2)[labels[:8]]) @ kernel.T / 8  # d(mean loss)/d(pooled)
+  grad = upstream * 1000.0 / 8 * 2.0 ** 15  # Through the scaling and the mean over 8.
   assert np.abs(grad).max() > np.finfo(np.float16).max
   keras.mixed_precision.set_global_policy("mixed_float16")
   model.fit(ids, labels, batch_size=8, epochs=1, verbose=0,
             callbacks=mpt.callbacks(str(tmp_path / "r"), batch_size=8, warmup_steps=1))
   found = records.read(tmp_path / "r").overflows
-  assert found and found[0].backward and found[0].layer == "scale_up", found
+  assert found and found[0].step == 1 and found[0].loss_scale == 2.0 ** 15, found
+  assert found[0].backward and found[0].layer == "scale_up", found
   report = json.loads((tmp_path / "r" / "diagnosis.json").read_text())
   assert "skip_cause" not in [f["id"] for f in report["findings"]]

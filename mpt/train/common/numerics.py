@@ -77,6 +77,12 @@ class Watch(keras.callbacks.Callback):
   def on_train_begin(self, logs=None):
     self._scale = self.parts.attempt("overflow", self.source.scale)
 
+  def on_train_batch_begin(self, batch, logs=None):
+    # A script's optimizers are known from its first step on: the scale step 1 runs
+    # at, read before it (a skip at step 1 is replayed too).
+    if self._scale is None:
+      self._scale = self.parts.attempt("overflow", self.source.scale)
+
   def on_train_batch_end(self, batch, logs=None):
     self.parts.attempt("overflow", self._replay_if_skipped)
     if not self.found.samples and self.done() >= self.at_step:
