@@ -145,6 +145,9 @@ class Overflow:
   backward: bool = False  # In the gradient (the loss scale matters) or the forward.
   kind: str | None = None  # "+Inf", "-Inf" or "NaN", as TensorFlow's check says.
   seconds: float = 0.0  # The replay's time.
+  # Why the replay could not look past a point (None: it could): a constant that is
+  # not finite by design stops TensorFlow's check where no op overflowed.
+  unchecked: str | None = None
 
 
 @dataclasses.dataclass

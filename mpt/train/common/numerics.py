@@ -172,11 +172,25 @@ def for_run(run, loss: keras.losses.Loss, done: Callable[[], int],
         "model (run with one device to see it)")
     records.write(run.out_dir, found)
     return None
+  _carried(found, run.out_dir, run.start_step)
   source = Source(lambda: run.model, of_data(run.data), lambda: sparse_loss(loss),
                   lambda: precision.loss_scale(run.optimizer)
                   if config.scales_loss(cfg) else None)
   return Watch(source, found, run.out_dir, run.start_step + cfg.warmup_steps + 1, done,
                writer=writer)
+
+
+def _carried(found: Numerics, run_dir: pathlib.Path, start_step: int) -> None:
+  """A resumed run keeps what its folder's numerics.json holds of the steps its
+  checkpoint kept (samples, skipped steps replayed): it reports them as a run never
+  stopped would; the steps after them run again, and are sampled and replayed
+  again."""
+  prior = records.read(run_dir) if start_step else None
+  if prior is None:
+    return
+  found.samples = [s for s in prior.samples if s.step <= start_step]
+  found.overflows = [o for o in prior.overflows if o.step <= start_step]
+  found.seconds = round(sum(s.seconds for s in found.samples), 3)
 
 
 def before_training(cfg: config.Config, model: keras.Model, batches: list,

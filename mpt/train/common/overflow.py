@@ -130,6 +130,13 @@ def _parse(message: str, found: Overflow, model: keras.Model, graph,
   replayed step's) with that type and those inputs, and its name scope, read by the
   layers' own names (`scopes`, recorded as the step traced), its layer's path."""
   op = re.search(r'op "(\w+)"', message)
+  if op and op.group(1) == "Const":  # Not finite by design: no op overflowed there.
+    node = re.search(r"Detected at node (\S+)", message)
+    found.unchecked = (
+        f"the backward pass holds a constant that is not finite by design "
+        f"({node.group(1).removesuffix('/CheckNumericsV2') if node else 'a Const'}), "
+        "where TensorFlow's check stops")
+    return
   found.op = op.group(1) if op else "?"
   kind = re.search(r"Tensor had (\S+) values", message)
   found.kind = kind.group(1) if kind else ("NaN" if "NaN" in message else "Inf")
@@ -147,6 +154,9 @@ def _parse(message: str, found: Overflow, model: keras.Model, graph,
 
 def describe(found: Overflow) -> str:
   """One line: what went non-finite where."""
+  if found.unchecked:
+    return (f"step {found.step} replayed at loss scale {found.loss_scale:g}: forward "
+            f"finite; backward not checked: {found.unchecked}")
   if found.op is None:
     return (f"step {found.step} replayed at loss scale {found.loss_scale:g}: every op "
             "finite (the skip came from a part the replay does not run)")

@@ -35,7 +35,7 @@ NOT_COMPARED = {
     "run_dir", "resumed", "checkpoint", "wall_s", "train_s", "ms_per_step",
     "step_time_ms", "images_per_sec", "examples_per_sec", "timed_steps", "data_wait_share",
     "achieved_gflops", "mfu", "achieved_vs_microbench", "util", "checkpoint_ms",
-    "memory"}
+    "memory", "skip_causes"}
 
 
 def weights_and_slots(run_dir: pathlib.Path) -> dict[str, np.ndarray]:
@@ -79,6 +79,10 @@ def assert_like_never_stopped(tmp_path, name: str, flags: list[str],
   assert got["resumed"] and got["status"] == "completed"
   for key in expected.keys() - NOT_COMPARED:
     assert got[key] == expected[key], key
+  # The skipped steps replayed, before the kill and after: the same, but for the time
+  # each replay took.
+  untimed = lambda causes: [{k: v for k, v in c.items() if k != "seconds"} for c in causes]
+  assert untimed(got["skip_causes"]) == untimed(expected["skip_causes"])
   assert got["util"].keys() == expected["util"].keys()
   # Timings cover the whole run: every step that survived in the checkpoints, less
   # each attempt's first (its trace, --warmup_steps=1) where that step survived. An
@@ -114,3 +118,8 @@ def test_mixed_float16_resumes_with_the_same_loss_scale_and_skipped_steps(tmp_pa
   assert_like_never_stopped(tmp_path, "killed", flags, [("end:3", 2)])
   summary = json.loads((tmp_path / "logs" / "killed" / "summary.json").read_text())
   assert summary["skipped_steps"] >= 2 and summary["loss_scale"] < 2.0**15
+  # --deterministic's loss holds a NaN constant by design, where TensorFlow's check
+  # stops: each replay says its backward pass went unchecked, and names no op.
+  assert summary["skip_causes"] and all(
+      c["op"] is None and "SparseSoftmaxCrossEntropyWithLogits" in c["unchecked"]
+      for c in summary["skip_causes"]), summary["skip_causes"]
