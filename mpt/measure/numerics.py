@@ -22,6 +22,7 @@ be called alone (several arguments, a mask) gets none.
 import collections
 import contextlib
 import functools
+import math
 import time
 from typing import Any, Callable, Iterable
 
@@ -156,6 +157,16 @@ def _float16_ops(model: keras.Model, x, ops: OpWatch) -> dict[int, set[str]] | N
   return found
 
 
+def _scaled_after(layer) -> float | None:
+  """The factor `layer` multiplies its product by after forming it, where known:
+  Keras 3.15's MultiHeadAttention without dropout runs dot_product_attention, which
+  forms q.k and scales it by 1/sqrt(key_dim) after (with dropout it scales the
+  query first)."""
+  if isinstance(layer, keras.layers.MultiHeadAttention) and not layer.dropout:
+    return 1.0 / math.sqrt(layer.key_dim)
+  return None
+
+
 def _note(stack: list[observe.Call], inside: dict[int, tuple[Values, str]],
           float16: dict[int, set[str]] | None, op_type: str, outputs: list) -> None:
   """One op's outputs, run inside the innermost layer call now running, merged into
@@ -244,9 +255,11 @@ def sample(model: keras.Model, batches: Iterable[tuple[Any, Any]], loss: Loss | 
           row.grad = row.grad.merge(g) if row.grad and g else row.grad or g
     if first:
       _name_and_round(rows, *first)
+  layers = {id(c.layer): c.layer for c in first[0]} if first else {}
   for key, (found, op) in inside.items():
     if key in rows:
       rows[key].inside, rows[key].inside_op = found, op
+      rows[key].scaled_after = _scaled_after(layers.get(key))
   return Sample(step=step, examples=examples, loss_scale=loss_scale,
                 loss=float(np.mean(losses)) if losses else None,
                 layers=list(rows.values()), seconds=round(clock() - start, 3))

@@ -116,6 +116,10 @@ class LayerNumerics:
   # made the largest. None: not watched.
   inside: Values | None = None
   inside_op: str | None = None
+  # A factor the layer multiplies that op's output by after it, where known: Keras'
+  # MultiHeadAttention without dropout forms q.k, then scales it by 1/sqrt(key_dim)
+  # (its dot_product_attention path; with dropout it scales the query first).
+  scaled_after: float | None = None
 
 
 @dataclasses.dataclass
@@ -239,6 +243,13 @@ class Worst:
   in_max: float | None = None
   in_over: float = 0.0
   in_op: str | None = None
+  in_scaled: float | None = None  # LayerNumerics.scaled_after.
+
+  def order_is_the_issue(self) -> bool:
+    """Whether only the order of its ops overflows: the value inside passes 65504,
+    and scaled before it is formed (as the layer scales it after) it would not."""
+    return bool(self.inside_only() and self.in_scaled and
+                self.in_max * self.in_scaled <= F16_MAX)
 
   def overflows(self) -> bool:
     """Whether float16 could not hold what it computes: its output, or a value its
@@ -274,7 +285,7 @@ def worst(found: Numerics) -> list[Worst]:
         keep_scales(grad) if grad else None, seen[0].pinned, tuple(seen[0].reads),
         top.inside.max if top else None,
         max(r.inside.overflow_share() for r in inside) if inside else 0.0,
-        top.inside_op if top else None))
+        top.inside_op if top else None, top.scaled_after if top else None))
   return rows
 
 

@@ -71,7 +71,7 @@ def f16_overflow(ev: Evidence) -> Finding | None:
       f"{when}{_named(over)}'s {what} {'overflow' if own else 'would overflow'} "
       "float16", f"any output, or value a layer's own ops make inside its call, above "
       f"float16's {F16_MAX:g} (it becomes inf)",
-      evidence, _keep_float32(ev, names)
+      evidence, _keep_float32(ev, names) + _order_remedy(over[:5])
       + "; or --policy=mixed_bfloat16 (safe under bfloat16)", ["numerics"])
 
 
@@ -83,7 +83,20 @@ def _overflow_line(r: Worst) -> str:
   if r.in_over:
     line += (f"; inside its call, {r.in_op}'s values up to {r.in_max:.4g}, "
              f"{r.in_over:.2%} of them above {F16_MAX:g}")
+  if r.order_is_the_issue():
+    line += (f"; that is the product before the layer scales it by {r.in_scaled:.3g}: "
+             f"scaled first, it would peak at {r.in_max * r.in_scaled:.4g}, in float16's "
+             "range (the order of the ops is the issue)")
   return line
+
+
+def _order_remedy(rows: list[Worst]) -> str:
+  """The remedy where only the order of a layer's ops overflows (MultiHeadAttention
+  forms q.k before its 1/sqrt(key_dim) scale where it has no dropout)."""
+  if not any(r.order_is_the_issue() for r in rows):
+    return ""
+  return ("; or have the layer scale before its product (Keras' MultiHeadAttention "
+          "scales the query first when it has dropout)")
 
 
 def _forward_overflows(ev: Evidence) -> list:
@@ -132,7 +145,8 @@ def skip_cause(ev: Evidence) -> Finding | None:
       "forward pass", "a replayed skipped step whose forward pass goes non-finite "
       "(at any loss scale)", evidence,
       (_keep_float32(ev, layers) if layers else "find the op named above")
-      + "; or --policy=mixed_bfloat16 (float32's range)", ["numerics"])
+      + _order_remedy(over[:3]) + "; or --policy=mixed_bfloat16 (float32's range)",
+      ["numerics"])
 
 
 @detector("gradient_underflow", needs="numerics.json")
