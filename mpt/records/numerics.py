@@ -147,11 +147,8 @@ class Overflow:
   output: str | None = None
   layer: str | None = None  # The Keras layer path the op belongs to.
   backward: bool = False  # In the gradient (the loss scale matters) or the forward.
-  kind: str | None = None  # "+Inf", "-Inf" or "NaN", as TensorFlow's check says.
+  kind: str | None = None  # "+Inf", "-Inf", "Inf" or "NaN".
   seconds: float = 0.0  # The replay's time.
-  # Why the replay could not look past a point (None: it could): a constant that is
-  # not finite by design stops TensorFlow's check where no op overflowed.
-  unchecked: str | None = None
 
 
 @dataclasses.dataclass

@@ -136,6 +136,39 @@ def eager_op_outputs(seen: Callable[[str, list], None]):
     op_callbacks.remove_op_callback(callback)
 
 
+@contextlib.contextmanager
+def graph_op_outputs(seen: Callable[[str, str, Any, list, list], None]):
+  """Inside the block, `seen(op_type, op_name, graph, inputs, outputs)` as each op is
+  created in a graph being traced (a tf.function's), in this thread, for the ops and
+  outputs TF's own numerics check instruments (not its SAFE_OPS, which pass values
+  through, nor FusedBatchNorm's auxiliary outputs). Ops `seen` creates itself are
+  not passed to it. The same TF 2.21 internals as `eager_op_outputs`."""
+  from tensorflow.python.debug.lib import check_numerics_callback
+  from tensorflow.python.framework import op_callbacks
+  ignored = {(op.decode(), i) for op, i in check_numerics_callback.IGNORE_OP_OUTPUTS}
+  safe = {op.decode() for op in check_numerics_callback.SAFE_OPS}
+  inside = []
+
+  def callback(op_type, inputs, attrs, outputs, op_name=None, graph=None):
+    op = op_type.decode() if isinstance(op_type, bytes) else op_type
+    if graph is None or inside or op in safe or outputs is None:
+      return None
+    name = op_name.decode() if isinstance(op_name, bytes) else op_name
+    inside.append(True)
+    try:
+      seen(op, name, graph, list(inputs or []),
+           [t for i, t in enumerate(outputs) if (op, i) not in ignored])
+    finally:
+      inside.pop()
+    return None
+
+  op_callbacks.add_op_callback(callback)
+  try:
+    yield
+  finally:
+    op_callbacks.remove_op_callback(callback)
+
+
 def onednn_rewrite_on() -> bool:
   """Whether TensorFlow's oneDNN graph rewrite is on in this process. TF 2.21 turns it
   on by default only on CPUs with AVX512_VNNI, AVX512_BF16 or AMX (and always when

@@ -9,10 +9,12 @@ inside the Keras layer call that runs it, so the first op that made an Inf or a 
 is named with its layer, at the cost of one forward pass and no trace (an attention
 layer's q.k product, a custom layer's own). Where the forward pass is finite, the
 backward pass: the loss' gradient at the scale the skipped step used, inside a
-tf.function traced once with `tf.debugging.enable_check_numerics` on, which stops at
-the first op whose output holds an Inf or a NaN and names it; the op's name scope,
+tf.function traced once that returns, for each op it creates (those TensorFlow's own
+numerics check instruments, keras_fit.graph_op_outputs), whether its output holds an
+Inf or a NaN: the first such op in the graph's order is named, and its name scope,
 read as the step traced (stepflops.layer_scopes), gives the layer whose gradient it
-is.
+is. (TensorFlow's check_numerics would stop at a constant that is not finite by
+design, such as the NaN of --deterministic's loss, and logs each stop at length.)
 
 Nothing of the run moves: the replay runs the model in inference mode (Dropout off,
 BatchNormalization reads its moving statistics and updates none) and applies no
@@ -23,7 +25,6 @@ effort: the caller records a failure and the training goes on.
 """
 
 import functools
-import re
 import time
 from typing import Any
 
@@ -46,7 +47,8 @@ class Replayer:
   a trace's)."""
 
   def __init__(self):
-    self._traced: dict[int, tuple[Any, dict[str, str]]] = {}  # By the model's id.
+    # By the model's id: the traced step, the ops it checks, its layers' scopes.
+    self._traced: dict[int, tuple[Any, list, dict[str, str]]] = {}
 
   def __call__(self, model: keras.Model, x, y, loss, scale: float | None,
                step: int) -> Overflow:
@@ -63,20 +65,22 @@ class Replayer:
                 found: Overflow) -> None:
     key = id(model)  # The run's loss is the same each time (a new callable of it).
     scale_t = tf.constant(scale or 1.0, tf.float32)
-    tf.debugging.enable_check_numerics()  # In the graph it traces now: kept there.
-    try:
-      if key not in self._traced:
-        traced = tf.function(_step(model, loss), autograph=False)
-        with stepflops.layer_scopes([model]) as scopes:
-          traced.get_concrete_function(x, y, scale_t)
-        self._traced[key] = traced, scopes
-      traced, scopes = self._traced[key]
-      traced(x, y, scale_t)
-    except tf.errors.InvalidArgumentError as e:
-      _parse(str(e), found, model, traced.get_concrete_function(x, y, scale_t).graph,
-             scopes)
-    finally:
-      tf.debugging.disable_check_numerics()
+    if key not in self._traced:
+      step, ops = _checked_step(model, loss)
+      traced = tf.function(step, autograph=False)
+      with stepflops.layer_scopes([model]) as scopes:
+        traced.get_concrete_function(x, y, scale_t)
+      self._traced[key] = traced, ops, scopes
+    traced, ops, scopes = self._traced[key]
+    codes = traced(x, y, scale_t).numpy()
+    bad = np.flatnonzero(codes)
+    if not bad.size:
+      return
+    op, name, tensor = ops[bad[0]]
+    found.op, found.tensor, found.kind = op, tensor, "NaN" if codes[bad[0]] == 2 else "Inf"
+    found.backward = name.startswith("gradient_tape/")
+    path = stepflops.named(stepflops.scope_of(name), scopes)
+    found.layer = path.removeprefix(f"{model.name}/") if path != model.name else path
 
 
 def _forward(model: keras.Model, x, found: Overflow) -> bool:
@@ -112,51 +116,44 @@ def _forward(model: keras.Model, x, found: Overflow) -> bool:
   return True
 
 
-def _step(model: keras.Model, loss):
-  """The replayed step's backward pass: the scaled loss' gradients of an
-  inference-mode forward pass."""
+def _checked_step(model: keras.Model, loss):
+  """(the replayed step's backward pass, the ops it checks): an inference-mode
+  forward pass and the scaled loss' gradients, returning one code per float output
+  of each op the trace creates in its own graph, in creation order (an order in
+  which each op follows its inputs): 1 where the op made an Inf, 2 a NaN, from
+  finite inputs; else 0. The ops, filled as it traces: (type, name, first input's
+  name). Only an op that makes a non-finite value from finite ones counts: a
+  constant that is not finite holds it by design (a -inf mask, the NaN
+  --deterministic's loss selects for invalid labels), and the ops that pass it on
+  did not make it."""
+  ops: list[tuple[str, str, str | None]] = []
+
   def run(x, y, scale):
-    with tf.GradientTape() as tape:
-      prediction = model(x, training=False)
-      value = tf.cast(loss(x, y, prediction), tf.float32) * scale
-    return tape.gradient(value, model.trainable_variables)
-  return run
+    graph = scale.graph  # The step's own graph (an argument's, as it traces).
+    codes = []
 
-
-def _parse(message: str, found: Overflow, model: keras.Model, graph,
-           scopes: dict[str, str]) -> None:
-  """The op, its input and the layer from TensorFlow's check_numerics message: it
-  names the op's type and its inputs; the op itself is the one of `graph` (the
-  replayed step's) with that type and those inputs, and its name scope, read by the
-  layers' own names (`scopes`, recorded as the step traced), its layer's path."""
-  op = re.search(r'op "(\w+)"', message)
-  if op and op.group(1) == "Const":  # Not finite by design: no op overflowed there.
-    node = re.search(r"Detected at node (\S+)", message)
-    found.unchecked = (
-        f"the backward pass holds a constant that is not finite by design "
-        f"({node.group(1).removesuffix('/CheckNumericsV2') if node else 'a Const'}), "
-        "where TensorFlow's check stops")
-    return
-  found.op = op.group(1) if op else "?"
-  kind = re.search(r"Tensor had (\S+) values", message)
-  found.kind = kind.group(1) if kind else ("NaN" if "NaN" in message else "Inf")
-  inputs = re.findall(r'\d+: Tensor\("([^"]+)"', message)
-  if not inputs:
-    return
-  found.tensor = inputs[0]
-  named = [o.name for o in graph.get_operations() if o.type == found.op and
-           [t.name for t in o.inputs][:len(inputs)] == inputs]
-  name = named[0] if named else inputs[0]
-  found.backward = name.startswith("gradient_tape/")
-  path = stepflops.named(stepflops.scope_of(name), scopes)
-  found.layer = path.removeprefix(f"{model.name}/") if path != model.name else path
+    def check(op_type, op_name, op_graph, inputs, outputs):
+      if op_graph is not graph or op_type == "Const":
+        return
+      read = [tf.reduce_all(tf.math.is_finite(t)) for t in inputs
+              if t.dtype.is_floating]
+      origin = tf.reduce_all(tf.stack(read)) if read else tf.constant(True)
+      for t in outputs:
+        if t.dtype.is_floating:
+          made = tf.logical_and(origin, tf.logical_not(tf.reduce_all(tf.math.is_finite(t))))
+          codes.append(tf.where(made, tf.where(tf.reduce_any(tf.math.is_nan(t)), 2, 1), 0))
+          ops.append((op_type, op_name, inputs[0].name if inputs else None))
+    with keras_fit.graph_op_outputs(check):
+      with tf.GradientTape() as tape:
+        prediction = model(x, training=False)
+        value = tf.cast(loss(x, y, prediction), tf.float32) * scale
+      tape.gradient(value, model.trainable_variables)
+    return tf.stack(codes) if codes else tf.zeros([0], tf.int32)
+  return run, ops
 
 
 def describe(found: Overflow) -> str:
   """One line: what went non-finite where."""
-  if found.unchecked:
-    return (f"step {found.step} replayed at loss scale {found.loss_scale:g}: forward "
-            f"finite; backward not checked: {found.unchecked}")
   if found.op is None:
     return (f"step {found.step} replayed at loss scale {found.loss_scale:g}: every op "
             "finite (the skip came from a part the replay does not run)")

@@ -118,8 +118,7 @@ def test_mixed_float16_resumes_with_the_same_loss_scale_and_skipped_steps(tmp_pa
   assert_like_never_stopped(tmp_path, "killed", flags, [("end:3", 2)])
   summary = json.loads((tmp_path / "logs" / "killed" / "summary.json").read_text())
   assert summary["skipped_steps"] >= 2 and summary["loss_scale"] < 2.0**15
-  # --deterministic's loss holds a NaN constant by design, where TensorFlow's check
-  # stops: each replay says its backward pass went unchecked, and names no op.
-  assert summary["skip_causes"] and all(
-      c["op"] is None and "SparseSoftmaxCrossEntropyWithLogits" in c["unchecked"]
-      for c in summary["skip_causes"]), summary["skip_causes"]
+  # --deterministic's loss holds a NaN constant by design (for invalid labels): no
+  # replay names it, or an op that only passed it on, as a skip's cause.
+  causes = summary["skip_causes"]
+  assert causes and not any((c["layer"] or "").startswith("loss/") for c in causes), causes

@@ -126,6 +126,19 @@ def test_eager_op_outputs_still_sees_each_op_a_layer_runs():
       f"revisit keras_fit.eager_op_outputs: TF's ignored outputs changed ({seen})")
 
 
+def test_graph_op_outputs_still_sees_the_ops_a_trace_creates():
+  seen = []
+  step = tf.function(lambda x: tf.reshape(tf.matmul(x, x), [-1]))
+  with keras_fit.graph_op_outputs(lambda op, name, graph, inputs, outputs: seen.append(
+      (op, name, len(inputs), [o.shape.as_list() for o in outputs]))):
+    step.get_concrete_function(tf.TensorSpec([2, 2]))
+  ops = {op: (name, n, shapes) for op, name, n, shapes in seen}
+  assert ops.get("MatMul") == ("MatMul", 2, [[2, 2]]), (
+      f"revisit keras_fit.graph_op_outputs: the traced MatMul was not seen ({seen})")
+  assert "Reshape" not in ops, (  # One of TF's SAFE_OPS: it passes values through.
+      f"revisit keras_fit.graph_op_outputs: TF's SAFE_OPS changed ({seen})")
+
+
 def test_trained_variables_are_still_the_ones_an_optimizer_was_built_for():
   model = _model()
   for optimizer in (keras.optimizers.Adam(),
