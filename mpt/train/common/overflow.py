@@ -72,12 +72,11 @@ class Replayer:
         traced.get_concrete_function(x, y, scale_t)
       self._traced[key] = traced, ops, scopes
     traced, ops, scopes = self._traced[key]
-    codes = traced(x, y, scale_t).numpy()
-    bad = np.flatnonzero(codes)
-    if not bad.size:
+    made = _first_made(traced(x, y, scale_t).numpy(), ops)
+    if made is None:
       return
-    op, name, tensor = ops[bad[0]]
-    found.op, found.tensor, found.kind = op, tensor, "NaN" if codes[bad[0]] == 2 else "Inf"
+    (op, name, tensor, _, _), found.kind = made
+    found.op, found.tensor = op, tensor
     found.backward = name.startswith("gradient_tape/")
     path = stepflops.named(stepflops.scope_of(name), scopes)
     found.layer = path.removeprefix(f"{model.name}/") if path != model.name else path
@@ -118,38 +117,55 @@ def _forward(model: keras.Model, x, found: Overflow) -> bool:
 
 def _checked_step(model: keras.Model, loss):
   """(the replayed step's backward pass, the ops it checks): an inference-mode
-  forward pass and the scaled loss' gradients, returning one code per float output
-  of each op the trace creates in its own graph, in creation order (an order in
-  which each op follows its inputs): 1 where the op made an Inf, 2 a NaN, from
-  finite inputs; else 0. The ops, filled as it traces: (type, name, first input's
-  name). Only an op that makes a non-finite value from finite ones counts: a
-  constant that is not finite holds it by design (a -inf mask, the NaN
-  --deterministic's loss selects for invalid labels), and the ops that pass it on
-  did not make it."""
-  ops: list[tuple[str, str, str | None]] = []
+  forward pass and the scaled loss' gradients, returning per float tensor the ops
+  of the loss and the gradients read or make in the step's own graph (the forward
+  pass was checked eagerly) two sums: of the tensor times zero (NaN where it holds
+  an Inf or a NaN) and of its magnitudes (NaN where it holds a NaN, else Inf). The ops, filled as it traces, in
+  creation order (an order in which each op follows its inputs): (type, name, first
+  input's name, its output's row, its float inputs' rows). A constant is not
+  checked: one that is not finite holds that value by design (a -inf mask, the NaN
+  --deterministic's loss selects for invalid labels)."""
+  ops: list[tuple[str, str, str | None, int, list[int]]] = []
 
   def run(x, y, scale):
     graph = scale.graph  # The step's own graph (an argument's, as it traces).
-    codes = []
+    rows: dict[str, int] = {}
+    sums = []
+
+    def row(t) -> int:
+      if t.name not in rows:
+        rows[t.name] = len(sums)
+        wide = tf.cast(t, tf.float32)
+        sums.append(tf.stack([tf.reduce_sum(wide * 0.0), tf.reduce_sum(tf.abs(wide))]))
+      return rows[t.name]
 
     def check(op_type, op_name, op_graph, inputs, outputs):
       if op_graph is not graph or op_type == "Const":
         return
-      read = [tf.reduce_all(tf.math.is_finite(t)) for t in inputs
-              if t.dtype.is_floating]
-      origin = tf.reduce_all(tf.stack(read)) if read else tf.constant(True)
+      read = [row(t) for t in inputs if t.dtype.is_floating and t.graph is graph]
       for t in outputs:
         if t.dtype.is_floating:
-          made = tf.logical_and(origin, tf.logical_not(tf.reduce_all(tf.math.is_finite(t))))
-          codes.append(tf.where(made, tf.where(tf.reduce_any(tf.math.is_nan(t)), 2, 1), 0))
-          ops.append((op_type, op_name, inputs[0].name if inputs else None))
-    with keras_fit.graph_op_outputs(check):
-      with tf.GradientTape() as tape:
-        prediction = model(x, training=False)
+          ops.append((op_type, op_name, inputs[0].name if inputs else None, row(t), read))
+    with tf.GradientTape() as tape:
+      prediction = model(x, training=False)  # Checked already, run eagerly.
+      with keras_fit.graph_op_outputs(check):
         value = tf.cast(loss(x, y, prediction), tf.float32) * scale
+    with keras_fit.graph_op_outputs(check):
       tape.gradient(value, model.trainable_variables)
-    return tf.stack(codes) if codes else tf.zeros([0], tf.int32)
+    return tf.stack(sums) if sums else tf.zeros([0, 2])
   return run, ops
+
+
+def _first_made(sums: np.ndarray, ops: list) -> tuple | None:
+  """The first op (of `_checked_step`'s) whose output is not finite while every
+  float input it read is: the op that made the Inf or NaN, not one that passed it
+  on; with its kind. None: none."""
+  bad = np.isnan(sums[:, 0])
+  for op in ops:
+    out, read = op[3], op[4]
+    if bad[out] and not bad[read].any():
+      return op, "NaN" if np.isnan(sums[out, 1]) else "Inf"
+  return None
 
 
 def describe(found: Overflow) -> str:
