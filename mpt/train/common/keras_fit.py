@@ -113,36 +113,29 @@ def trained_variables(optimizer: keras.optimizers.Optimizer) -> list:
 def eager_op_outputs(seen: Callable[[str, list], None]):
   """Inside the block, `seen(op_type, outputs)` after each op TensorFlow runs eagerly
   (not the ops a tf.function's graph holds), in this thread: the values a layer
-  computes inside its call, which no Keras hook shows. The outputs are those TF's own
-  numerics check reads: not FusedBatchNorm's auxiliary ones, undefined in inference
-  mode (its IGNORE_OP_OUTPUTS). TF 2.21 offers both only in tensorflow.python
-  (op_callbacks, which tf.debugging.enable_check_numerics and Debugger V2 are built
-  on). `seen` must run no TensorFlow op itself (the callback would recurse): read
-  the outputs with .numpy()."""
-  from tensorflow.python.debug.lib import check_numerics_callback
-  from tensorflow.python.framework import op_callbacks
-  ignored = {(op.decode(), i) for op, i in check_numerics_callback.IGNORE_OP_OUTPUTS}
-
-  def callback(op_type, inputs, attrs, outputs, op_name=None, graph=None):
-    if graph is None and outputs is not None:  # Eager ops name their type in bytes.
-      op = op_type.decode() if isinstance(op_type, bytes) else op_type
-      seen(op, [t for i, t in enumerate(outputs) if (op, i) not in ignored])
-    return None  # The outputs as they are.
-
-  op_callbacks.add_op_callback(callback)
-  try:
+  computes inside its call, which no Keras hook shows. `seen` must run no
+  TensorFlow op itself (read the outputs with .numpy()). See `_numerics_ops`."""
+  with _numerics_ops(lambda op, name, graph, inputs, outputs: seen(op, outputs),
+                     traced=False):
     yield
-  finally:
-    op_callbacks.remove_op_callback(callback)
 
 
 @contextlib.contextmanager
 def graph_op_outputs(seen: Callable[[str, str, Any, list, list], None]):
   """Inside the block, `seen(op_type, op_name, graph, inputs, outputs)` as each op is
-  created in a graph being traced (a tf.function's), in this thread, for the ops and
-  outputs TF's own numerics check instruments (not its SAFE_OPS, which pass values
-  through, nor FusedBatchNorm's auxiliary outputs). Ops `seen` creates itself are
-  not passed to it. The same TF 2.21 internals as `eager_op_outputs`."""
+  created in a graph being traced (a tf.function's), in this thread; ops `seen`
+  creates itself are not passed to it. See `_numerics_ops`."""
+  with _numerics_ops(seen, traced=True):
+    yield
+
+
+@contextlib.contextmanager
+def _numerics_ops(seen, traced: bool):
+  """One op callback for both: the ops and outputs TF's own numerics check reads (not
+  its SAFE_OPS, which pass values through, nor FusedBatchNorm's auxiliary outputs,
+  undefined in inference mode), run eagerly or (`traced`) created in a graph. TF
+  2.21 offers op callbacks and those lists only in tensorflow.python (op_callbacks,
+  which tf.debugging.enable_check_numerics and Debugger V2 are built on)."""
   from tensorflow.python.debug.lib import check_numerics_callback
   from tensorflow.python.framework import op_callbacks
   ignored = {(op.decode(), i) for op, i in check_numerics_callback.IGNORE_OP_OUTPUTS}
@@ -150,8 +143,8 @@ def graph_op_outputs(seen: Callable[[str, str, Any, list, list], None]):
   inside = []
 
   def callback(op_type, inputs, attrs, outputs, op_name=None, graph=None):
-    op = op_type.decode() if isinstance(op_type, bytes) else op_type
-    if graph is None or inside or op in safe or outputs is None:
+    op = op_type.decode() if isinstance(op_type, bytes) else op_type  # Eager: bytes.
+    if (graph is not None) != traced or inside or op in safe or outputs is None:
       return None
     name = op_name.decode() if isinstance(op_name, bytes) else op_name
     inside.append(True)
@@ -160,7 +153,7 @@ def graph_op_outputs(seen: Callable[[str, str, Any, list, list], None]):
            [t for i, t in enumerate(outputs) if (op, i) not in ignored])
     finally:
       inside.pop()
-    return None
+    return None  # The outputs as they are.
 
   op_callbacks.add_op_callback(callback)
   try:
