@@ -166,9 +166,6 @@ def _shares(rows: list[dict[str, Any]]) -> dict[str, Any]:
   }
 
 
-SIXTEEN_BIT = ("float16", "bfloat16")
-
-
 def with_step(report: dict[str, Any], step: dict[str, Any], by_layer: dict[str, int],
               by_dtype: dict[str, int], float32_by_layer: dict[str, int]) -> None:
   """Adds the training step's FLOPs, counted from the ops of its traced graph
@@ -197,7 +194,7 @@ def with_step(report: dict[str, Any], step: dict[str, Any], by_layer: dict[str, 
   for layer in report["float32_layers"]:
     layer["flops_share"] = float32_by_layer.get(layer["name"], 0) / total
   report["float32_layers"].sort(key=lambda layer: -layer["flops_share"])
-  sixteen = sum(by_dtype.get(d, 0) for d in SIXTEEN_BIT)
+  sixteen = sum(by_dtype.get(d, 0) for d in policies.SIXTEEN_BIT)
   rows = {r["name"]: r for r in report["layers"]}
   report.update(
       shares_of="the step's FLOPs", flops_share_16bit=sixteen / total,
