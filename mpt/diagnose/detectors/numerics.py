@@ -106,12 +106,6 @@ def _forward_overflows(ev: Evidence) -> list:
   return [o for o in found if o.op and not o.backward]
 
 
-def _tensor(o) -> str:
-  """The replayed op's tensor in words: its output (forward, run eagerly) or its
-  input by its graph name."""
-  return f"its output, {o.output}" if o.output else f"its input {o.tensor}"
-
-
 @detector("skip_cause", needs="numerics.json")
 def skip_cause(ev: Evidence) -> Finding | None:
   """Skipped steps whose replay (mpt/train/common/overflow.py) went non-finite in the
@@ -126,7 +120,7 @@ def skip_cause(ev: Evidence) -> Finding | None:
   layers = sorted({o.layer for o in forward if o.layer})
   evidence = [f"step {o.step} (loss scale {o.loss_scale:g}) replayed: {o.op} in "
               f"{o.layer or 'an op outside any layer'} went {o.kind} in the forward "
-              f"pass ({_tensor(o)})" for o in forward[:3]]
+              f"pass (its output, {o.output})" for o in forward[:3]]
   if ev.numerics.skipped_not_replayed:
     evidence.append(f"{ev.numerics.skipped_not_replayed} later skipped steps were not "
                     "replayed (a bounded number are)")

@@ -11,6 +11,7 @@ walk in tests/test_architecture.py checks that too).
 """
 
 import contextlib
+import threading
 from typing import Any, Callable
 
 import keras
@@ -65,7 +66,26 @@ def fetch_through(model: keras.Model, fetch: Callable[[Any], Any]) -> None:
     return
   timed = lambda iterator: keras_step(iter([fetch(iterator)]))
   timed.mpt_fetch = fetch
+  timed.mpt_keras_step = keras_step  # For one_step_function.
   model.train_function = timed
+
+
+def one_step_function(model: keras.Model) -> Any:
+  """The tf.function Keras' fit runs for each batch of `model` (traced at the first
+  step), or None where there is none (run_eagerly: a Python function; no train
+  function made yet). Keras 3.15 keeps it only in the closure of the train function
+  its `_make_function` returns (`one_step_on_data`, wrapped by
+  `_autoconvert_optionals`, whose functools.wraps gives `__wrapped__`)."""
+  train = model.train_function
+  train = getattr(train, "mpt_keras_step", train)  # fetch_through's wrapper.
+  code = getattr(train, "__code__", None)
+  if code is None:
+    return None
+  cells = dict(zip(code.co_freevars, train.__closure__ or ()))
+  wrapper = cells["one_step_on_data"].cell_contents if "one_step_on_data" in cells \
+      else None
+  step = getattr(wrapper, "__wrapped__", None)
+  return step if hasattr(step, "experimental_get_tracing_count") else None
 
 
 def step_marker(step: int) -> Any:
@@ -114,28 +134,68 @@ def eager_op_outputs(seen: Callable[[str, list], None]):
   """Inside the block, `seen(op_type, outputs)` after each op TensorFlow runs eagerly
   (not the ops a tf.function's graph holds), in this thread: the values a layer
   computes inside its call, which no Keras hook shows. `seen` must run no
-  TensorFlow op itself (read the outputs with .numpy()). See `_numerics_ops`."""
-  with _numerics_ops(lambda op, name, graph, inputs, outputs: seen(op, outputs),
-                     traced=False):
+  TensorFlow op itself (read the outputs with .numpy()). See `eager_ops`."""
+  with eager_ops(lambda op, inputs, outputs: seen(op, outputs)):
     yield
 
 
 @contextlib.contextmanager
-def graph_op_outputs(seen: Callable[[str, str, Any, list, list], None]):
-  """Inside the block, `seen(op_type, op_name, graph, inputs, outputs)` as each op is
-  created in a graph being traced (a tf.function's), in this thread; ops `seen`
-  creates itself are not passed to it. See `_numerics_ops`."""
-  with _numerics_ops(seen, traced=True):
-    yield
+def eager_gradient_ops(seen: Callable[[str, Any, list, list], None]):
+  """Inside the block, `seen(op_type, forward, inputs, outputs)` after each op
+  TensorFlow runs eagerly in this thread, where `forward` is the op whose gradient a
+  GradientTape is computing (its `type`, and its `inputs` and `outputs`: the forward
+  pass' own tensors), or None for an op outside any op's gradient (one the tape runs
+  itself, such as the sum of two gradients of one tensor). TF 2.21's eager tape
+  looks up each op's gradient function in a registry of tensorflow.python
+  (framework/ops.py's `_gradient_registry`, read by eager/backprop.py's
+  `_gradient_function`, which calls it with a mock op of the forward op); for the
+  block, the module's registry is one whose look-up wraps each function found. `seen`
+  must run no TensorFlow op itself. See `eager_ops`."""
+  from tensorflow.python.framework import ops as tf_ops
+  registry = tf_ops._gradient_registry
+  local = threading.local()
+
+  class Wrapping:  # Read through (a Registry's attributes cannot be set).
+    def __getattr__(self, name):
+      return getattr(registry, name)
+
+    def lookup(self, op_type):
+      return gradient_of(op_type)
+
+  def gradient_of(op_type):
+    gradient = registry.lookup(op_type)
+    if gradient is None:
+      return None
+
+    def run(op, *grads):
+      stack = local.__dict__.setdefault("ops", [])
+      stack.append(op)
+      try:
+        return gradient(op, *grads)
+      finally:
+        stack.pop()
+    return run
+
+  def each(op, inputs, outputs):
+    stack = getattr(local, "ops", None)
+    seen(op, stack[-1] if stack else None, inputs, outputs)
+
+  tf_ops._gradient_registry = Wrapping()
+  try:
+    with eager_ops(each):
+      yield
+  finally:
+    tf_ops._gradient_registry = registry
 
 
 @contextlib.contextmanager
-def _numerics_ops(seen, traced: bool):
-  """One op callback for both: the ops and outputs TF's own numerics check reads (not
-  its SAFE_OPS, which pass values through, nor FusedBatchNorm's auxiliary outputs,
-  undefined in inference mode), run eagerly or (`traced`) created in a graph. TF
-  2.21 offers op callbacks and those lists only in tensorflow.python (op_callbacks,
-  which tf.debugging.enable_check_numerics and Debugger V2 are built on)."""
+def eager_ops(seen: Callable[[str, list, list], None]):
+  """Inside the block, `seen(op_type, inputs, outputs)` for each op run
+  eagerly (not one a tf.function's graph holds), with the outputs TF's own numerics
+  check reads (not its SAFE_OPS, which pass values through, nor FusedBatchNorm's
+  auxiliary outputs, undefined in inference mode). TF 2.21 offers op callbacks and
+  those lists only in tensorflow.python (op_callbacks, which
+  tf.debugging.enable_check_numerics and Debugger V2 are built on)."""
   from tensorflow.python.debug.lib import check_numerics_callback
   from tensorflow.python.framework import op_callbacks
   ignored = {(op.decode(), i) for op, i in check_numerics_callback.IGNORE_OP_OUTPUTS}
@@ -144,12 +204,11 @@ def _numerics_ops(seen, traced: bool):
 
   def callback(op_type, inputs, attrs, outputs, op_name=None, graph=None):
     op = op_type.decode() if isinstance(op_type, bytes) else op_type  # Eager: bytes.
-    if (graph is not None) != traced or inside or op in safe or outputs is None:
+    if graph is not None or inside or op in safe or outputs is None:
       return None
-    name = op_name.decode() if isinstance(op_name, bytes) else op_name
     inside.append(True)
     try:
-      seen(op, name, graph, list(inputs or []),
+      seen(op, list(inputs or []),
            [t for i, t in enumerate(outputs) if (op, i) not in ignored])
     finally:
       inside.pop()

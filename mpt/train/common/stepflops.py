@@ -32,6 +32,7 @@ import contextlib
 import dataclasses
 import math
 import re
+from typing import Any
 
 import keras
 import tensorflow as tf
@@ -364,9 +365,12 @@ class CountStep(keras.callbacks.Callback):
   exception in the training.
 
   `step` and `args` say which step: `use(step, *args)` (a loop's own tf.function and
-  its arguments' specs), or by default Keras' `train_step` of the model fit trains,
-  traced for `default_args` (one batch's specs). `counted(found)`, where given, is
-  told the count (the run's dtypes report takes it in)."""
+  its arguments' specs), or by default the step of the model fit trains: the graph
+  Keras traced for its first batch, each layer's scope read as it traced
+  (`on_train_batch_begin` of the first batch: counting costs no second trace), or,
+  where fit traced no step then (a second fit; run_eagerly), Keras' `train_step`
+  traced here for `default_args` (one batch's specs). `counted(found)`, where given,
+  is told the count (the run's dtypes report takes it in)."""
 
   def __init__(self, sources=None, default_args: tuple | None = None, counted=None):
     super().__init__()
@@ -376,6 +380,9 @@ class CountStep(keras.callbacks.Callback):
     self.found: StepFlops | None = None
     self.not_counted: str | None = None
     self._done = False
+    # While fit's first step traces: (Keras' step, its trace count before, scopes).
+    self._watched: tuple[Any, int, dict[str, str]] | None = None
+    self._unwatch = contextlib.ExitStack()
 
   def use(self, step, *args, **kwargs) -> None:
     if not hasattr(step, "get_concrete_function"):
@@ -405,10 +412,40 @@ class CountStep(keras.callbacks.Callback):
     args = tf.nest.map_structure(share, self.default_args)
     return trace(lambda data: strategy.run(self.model.train_step, args=(data,))), args
 
+  def on_train_batch_begin(self, batch, logs=None):
+    """Before fit's first step: each layer's scope read as Keras traces its step."""
+    if self._done or self._watched or self.step is not None or self.model is None:
+      return
+    if self.model.distribute_strategy.num_replicas_in_sync > 1:
+      return  # Fit's step takes the replicas' batches: traced for a share instead.
+    try:
+      keras_step = keras_fit.one_step_function(self.model)
+      if keras_step is not None:
+        scopes = self._unwatch.enter_context(layer_scopes([self.model]))
+        self._watched = keras_step, keras_step.experimental_get_tracing_count(), scopes
+    except Exception as e:  # Best effort: counted from a trace of its own instead.
+      self._unwatch.close()
+      print(f"mpt: FLOPs: fit's own trace not watched ({type(e).__name__}: {e})",
+            flush=True)
+
+  def on_train_end(self, logs=None):
+    self._unwatch.close()  # A run that ended before its first step's end.
+
+  def _traced_by_fit(self, args: tuple) -> StepFlops | None:
+    """The FLOPs of the graph fit traced at its first step, as its scopes were read;
+    None where fit traced none while watched (its step was traced before)."""
+    keras_step, before, scopes = self._watched
+    if keras_step.experimental_get_tracing_count() == before:
+      return None
+    found = count(keras_step.get_concrete_function(*args).graph)
+    found.rename(lambda scope: named(scope, scopes))
+    return found
+
   def on_train_batch_end(self, batch, logs=None):
     if self._done:
       return
     self._done = True
+    self._unwatch.close()
     if self.no_graph:
       self.not_counted = self.no_graph
       return
@@ -420,8 +457,10 @@ class CountStep(keras.callbacks.Callback):
         self.not_counted = ("no batch of the step was seen to trace it with (fit "
                             "fetches its own batches under steps_per_execution > 1)")
         return
-      if self.step is None:  # Traced here: each layer's scope read as it traces.
-        self.found = of_trace(step, args, [self.model] if self.model else [])
+      if self.step is None:
+        self.found = self._watched and self._traced_by_fit(args)
+        if not self.found:  # Traced here: each layer's scope read as it traces.
+          self.found = of_trace(step, args, [self.model] if self.model else [])
       else:
         self.found = of_step(step, *args, **self.kwargs)
       if self.counted:

@@ -142,6 +142,14 @@ class RunFolder(keras.callbacks.Callback):
     self.latest = batch
     return batch
 
+  def on_train_batch_begin(self, batch, logs=None):
+    if not self.inspected and self.opts.loop == "fit":  # Before fit traces its step.
+      self.parts.attempt("flops", self._watch_flops)
+
+  def _watch_flops(self) -> None:
+    self.flops.set_model(self.model)
+    self.flops.on_train_batch_begin(0)
+
   def on_train_batch_end(self, batch, logs=None):
     if not self.inspected:  # After the first step: the model is built, a batch seen.
       self.inspected = True
@@ -236,6 +244,7 @@ class RunFolder(keras.callbacks.Callback):
     return dtypes_lib.inspect_model(self.models[0], input_shape=shape)
 
   def on_train_end(self, logs=None):
+    self.parts.attempt("flops", self.flops.on_train_end)
     if self.sampler:
       self.parts.attempt("sampler", self.sampler.stop)
     summary = self._summary()

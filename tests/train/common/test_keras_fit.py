@@ -126,17 +126,30 @@ def test_eager_op_outputs_still_sees_each_op_a_layer_runs():
       f"revisit keras_fit.eager_op_outputs: TF's ignored outputs changed ({seen})")
 
 
-def test_graph_op_outputs_still_sees_the_ops_a_trace_creates():
+def test_eager_gradient_ops_still_see_the_forward_op_each_gradient_is_of():
+  from tensorflow.python.framework import ops as tf_ops
+  registry = tf_ops._gradient_registry
+  layer = keras.layers.Dense(2)
+  layer.build((1, 4))
+  forward = []
+  with tf.GradientTape() as tape:
+    with keras_fit.eager_ops(lambda op, inputs, outputs: forward.append(
+        (op, [id(t) for t in inputs]))):
+      y = tf.reshape(layer(np.ones((1, 4), "float32")), [-1])
+    loss = tf.reduce_sum(y * y)
   seen = []
-  step = tf.function(lambda x: tf.reshape(tf.matmul(x, x), [-1]))
-  with keras_fit.graph_op_outputs(lambda op, name, graph, inputs, outputs: seen.append(
-      (op, name, len(inputs), [o.shape.as_list() for o in outputs]))):
-    step.get_concrete_function(tf.TensorSpec([2, 2]))
-  ops = {op: (name, n, shapes) for op, name, n, shapes in seen}
-  assert ops.get("MatMul") == ("MatMul", 2, [[2, 2]]), (
-      f"revisit keras_fit.graph_op_outputs: the traced MatMul was not seen ({seen})")
-  assert "Reshape" not in ops, (  # One of TF's SAFE_OPS: it passes values through.
-      f"revisit keras_fit.graph_op_outputs: TF's SAFE_OPS changed ({seen})")
+  with keras_fit.eager_gradient_ops(lambda op, of, inputs, outputs: seen.append(
+      (op, of and of.type, [id(t) for t in (of and of.inputs) or () if t is not None]))):
+    tape.gradient(loss, layer.trainable_variables)
+  assert tf_ops._gradient_registry is registry, (
+      "keras_fit.eager_gradient_ops left TF's gradient registry replaced")
+  matmul = [ids for op, ids in forward if op == "MatMul"]
+  # The kernel's gradient: a MatMul in the forward MatMul's gradient, which keeps the
+  # forward op's own input tensors; a Reshape is one of TF's SAFE_OPS: not seen.
+  assert any(op == "MatMul" and of == "MatMul" and set(ids) <= set(matmul[0])
+             for op, of, ids in seen), (
+      f"revisit keras_fit.eager_gradient_ops: no MatMul seen in MatMul's gradient ({seen})")
+  assert "Reshape" not in [op for op, _, _ in seen]
 
 
 def test_trained_variables_are_still_the_ones_an_optimizer_was_built_for():

@@ -266,24 +266,49 @@ def test_the_reports_shares_are_the_steps_by_the_dtype_each_op_computes_in():
   assert "the step's FLOPs in 16-bit" in dtypes_lib.format_table(report)
 
 
-def test_layers_named_like_tensorflows_unique_scopes_get_their_own_ops():
-  """Layers named `d`, `d_1`, `d_2`: TensorFlow runs them under scopes it makes
-  unique (`d_1`, `d_1_1`, ...), so a scope's name alone cannot say whose ops they
-  are; the scopes recorded as the step traces do. Each row's FLOPs by hand: forward,
-  weights' gradient and (past the first) input gradient, 2 FLOPs per multiply-add."""
-  from mpt.measure import dtypes as dtypes_lib
+def _unique_scopes_model() -> keras.Model:
   x = keras.Input((8,))
   h = keras.layers.Dense(16, name="d")(x)
   h = keras.layers.Dense(32, name="d_1")(h)
   model = keras.Model(x, keras.layers.Dense(4, name="d_2")(h), name="net")
   model.compile(optimizer="sgd", loss="mse")
-  model.fit(tf.zeros([B, 8]), tf.zeros([B, 4]), verbose=0)
+  return model
+
+
+def _rows_by_hand(model, found) -> None:
+  """Each row's FLOPs by hand: forward, weights' gradient and (past the first) input
+  gradient, 2 FLOPs per multiply-add."""
+  from mpt.measure import dtypes as dtypes_lib
   report = dtypes_lib.inspect_model(model)
-  step = tf.function(model.train_step, autograph=False)
-  found = stepflops.of_trace(step, ((tf.TensorSpec([B, 8]), tf.TensorSpec([B, 4])),),
-                             [model])
   stepflops.into_report(report, found, B)
   rows = {r["name"]: r["step_flops"] for r in report["layers"]}
   hand = {"d": 2 * dense(B, 8, 16), "d_1": 3 * dense(B, 16, 32), "d_2": 3 * dense(B, 32, 4)}
   for name, flops in hand.items():
     assert rows[name] == pytest.approx(flops, rel=0.1), (name, rows)
+
+
+def test_layers_named_like_tensorflows_unique_scopes_get_their_own_ops():
+  """Layers named `d`, `d_1`, `d_2`: TensorFlow runs them under scopes it makes
+  unique (`d_1`, `d_1_1`, ...), so a scope's name alone cannot say whose ops they
+  are; the scopes recorded as the step traces do."""
+  model = _unique_scopes_model()
+  model.fit(tf.zeros([B, 8]), tf.zeros([B, 4]), verbose=0)
+  step = tf.function(model.train_step, autograph=False)
+  _rows_by_hand(model, stepflops.of_trace(
+      step, ((tf.TensorSpec([B, 8]), tf.TensorSpec([B, 4])),), [model]))
+
+
+def test_fits_step_is_counted_from_the_trace_fit_made_with_its_layers_scopes():
+  """Under fit, the graph Keras traced at the first step is counted, each layer's
+  scope read as it traced: no second trace, and the same rows by hand. A second fit
+  of the same model traces nothing: its step is traced for counting instead."""
+  model = _unique_scopes_model()
+  traced = []  # Each trace of the model's train_step, Keras' or a count's.
+  train_step = model.train_step
+  model.train_step = lambda data: (traced.append(1), train_step(data))[1]
+  batch = (tf.zeros([B, 8]), tf.zeros([B, 4]))
+  for fit in (1, 2):
+    count = stepflops.CountStep(default_args=(batch,))
+    model.fit(*batch, batch_size=B, verbose=0, callbacks=[count])
+    assert count.not_counted is None and len(traced) == fit
+    _rows_by_hand(model, count.found)
