@@ -42,6 +42,7 @@ from mpt.train.common import keras_fit
 from mpt.train.common import numerics as numerics_lib
 from mpt.train.common import precision
 from mpt.train.common import steps as steps_lib
+from mpt.train.common import countstep
 from mpt.train.common import stepflops
 from mpt.train.cli.prepare import Run
 
@@ -62,7 +63,7 @@ class RunCallbacks:
   loss_factor: tf.Variable | None = None  # What the fault injector sets, or None.
   kills: guards.KillPoints | None = None  # MPT_KILL_AT, or None.
   numerics: numerics_lib.Watch | None = None  # --numerics' samples, or None.
-  flops: stepflops.CountStep | None = None  # The step's FLOPs (with --instrument).
+  flops: countstep.CountStep | None = None  # The step's FLOPs (with --instrument).
 
   @property
   def ordered(self) -> list[keras.callbacks.Callback]:
@@ -105,8 +106,8 @@ def make(run: Run) -> RunCallbacks:
   found = RunCallbacks(counter, timer, writer, guard, checkpoints,
                        guards.SignalStop(lambda: counter.done, spe), metrics)
   if cfg.instrument:  # The step's FLOPs, from its graph once it ran (stepflops.py).
-    found.flops = stepflops.CountStep(writer.sources, default_args=(
-        stepflops.batch_specs(run.data.val.element_spec, cfg.batch_size),),
+    found.flops = countstep.CountStep(writer.sources, default_args=(
+        countstep.batch_specs(run.data.val.element_spec, cfg.batch_size),),
         counted=functools.partial(_into_dtypes, run, writer))
   found.numerics = numerics_lib.for_run(run, steps_lib.make_loss(), lambda: counter.done,
                                         writer)

@@ -30,7 +30,7 @@ from mpt.config import Config
 from mpt.train.cli import checkpoint
 from mpt.train.common import keras_fit
 from mpt.train.common import steps as steps_lib
-from mpt.train.common import stepflops
+from mpt.train.common import countstep
 from mpt.train.cli.data import Data
 
 Logs = dict[str, float]
@@ -127,9 +127,9 @@ def run_custom(model: keras.Model, optimizer: keras.optimizers.Optimizer, data: 
   for callback in callbacks.callbacks:  # A resumed epoch's metric state goes here.
     if isinstance(callback, checkpoint.RunningMetrics):
       callback.use(lambda: steps.metrics)
-    if isinstance(callback, stepflops.CountStep):  # This loop's own step is counted.
+    if isinstance(callback, countstep.CountStep):  # This loop's own step is counted.
       # Each replica's share of the batch (the step splits nothing it is given).
-      callback.use(steps.train_step, *stepflops.batch_specs(
+      callback.use(steps.train_step, *countstep.batch_specs(
           data.val.element_spec, cfg.batch_size // strategy.num_replicas_in_sync))
   iterator = iter(strategy.experimental_distribute_dataset(data.train_from(start_step)))
   epoch_logs: Logs = {}

@@ -44,7 +44,7 @@ def _memory(plan: MemoryPlan | None) -> MemoryPlan | None:
 def build(run: Run, timer: instrument.StepTimer, status: str,
           message: str | None = None, flops=None) -> RunSummary:
   """summary.json of `run` ending with `status` now (`timer`: its step timer; `flops`:
-  the step's FLOP count, a stepflops.CountStep, or None)."""
+  the step's FLOP count, a countstep.CountStep, or None)."""
   wall_s = run.wall_s()
   cfg, data, ckpt = run.cfg, run.data, run.ckpt
   compute_dtype = run.policy.compute_dtype

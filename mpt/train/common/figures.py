@@ -74,7 +74,7 @@ def software() -> dict[str, Any]:
 
 def counted(flops) -> dict:
   """summary.json's fields of how the step's FLOPs were counted (`flops`: a
-  stepflops.CountStep, or None where nothing was counted: --noinstrument); why not,
+  countstep.CountStep, or None where nothing was counted: --noinstrument); why not,
   where not, is its `not_counted` (the caller's not_measured["flops"])."""
   if flops is None:
     return {}

@@ -46,6 +46,7 @@ from mpt.records.summary import RunSummary
 from mpt.train.common import besteffort
 from mpt.train.common import ending
 from mpt.train.common import figures as figures_lib
+from mpt.train.common import countstep
 from mpt.train.common import stepflops
 from mpt.train.common import keras_fit
 from mpt.train.common import numerics as numerics_lib
@@ -94,7 +95,7 @@ class RunFolder(keras.callbacks.Callback):
     self.report, self.verdict, self.batch, self.inspected = None, None, None, False
     self.latest = None  # The last batch fed.
     # The step's FLOPs, counted after step 1, taken into dtypes.json.
-    self.flops = stepflops.CountStep(writer.sources, counted=self._into_dtypes)
+    self.flops = countstep.CountStep(writer.sources, counted=self._into_dtypes)
     # mpt.track: how the loop ended (mpt/errors.py `ended`), and what happened.
     self.status, self.message = "completed", None
     self.start = time.perf_counter()

@@ -10,6 +10,7 @@ import keras
 import pytest
 import tensorflow as tf
 
+from mpt.train.common import countstep
 from mpt.train.common import stepflops
 
 B, T = 4, 6
@@ -128,14 +129,14 @@ def test_a_loop_of_unknown_length_is_said_not_guessed():
   model = keras.Sequential([keras.Input((None, 4)), keras.layers.LSTM(8)])
   found = stepflops.of_step(train_step(model), tf.zeros([B, T, 4]))
   assert found.uncounted, found
-  count = stepflops.CountStep()
+  count = countstep.CountStep()
   count.use(train_step(model), tf.zeros([B, T, 4]))
   count.on_train_batch_end(0)
   assert count.per_step is None and "no total claimed" in count.not_counted
 
 
 def test_an_eager_step_has_no_graph_and_says_so():
-  count = stepflops.CountStep()
+  count = countstep.CountStep()
   count.use(lambda x: x, tf.zeros([1]))
   count.on_train_batch_end(0)
   assert count.per_step is None and "not a tf.function" in count.not_counted
@@ -308,7 +309,7 @@ def test_fits_step_is_counted_from_the_trace_fit_made_with_its_layers_scopes():
   model.train_step = lambda data: (traced.append(1), train_step(data))[1]
   batch = (tf.zeros([B, 8]), tf.zeros([B, 4]))
   for fit in (1, 2):
-    count = stepflops.CountStep(default_args=(batch,))
+    count = countstep.CountStep(default_args=(batch,))
     model.fit(*batch, batch_size=B, verbose=0, callbacks=[count])
     assert count.not_counted is None and len(traced) == fit
     _rows_by_hand(model, count.found)
