@@ -10,11 +10,9 @@ split and the data-sheet figures written out here.
 """
 
 import json
-import os
 import pathlib
 import shutil
 import subprocess
-import sys
 
 import pytest
 
@@ -27,7 +25,7 @@ from mpt.diagnose.options import DiagnoseOptions
 from mpt.machine import gpu_profile, gpu_specs, xspace
 from mpt.records.gpu import GpuDevice, GpuProfile, Kernel, Split
 
-from helpers import DATA, ROOT, gpu_captures
+from helpers import DATA, ROOT, gpu_captures, mpt_forked, script_forked
 
 CAPTURES = gpu_captures()  # Expanded from tests/data (helpers.py).
 ALEXNETS = ("v100_alexnet", "t4_alexnet", "p100_alexnet", "p4_alexnet")
@@ -54,9 +52,10 @@ def _by_id(report: dict) -> dict[str, dict]:
   return {f["id"]: f for f in report["findings"]}
 
 
-def _cli(*args: str, **kwargs) -> subprocess.CompletedProcess:
-  return subprocess.run([sys.executable, "-m", "mpt.main", *args], cwd=ROOT,
-                        capture_output=True, text=True, timeout=120, **kwargs)
+def _cli(*args: str) -> subprocess.CompletedProcess:
+  """`python -m mpt.main ARGS` (--mode=diagnose: no supervisor), forked: its start is
+  not under test."""
+  return mpt_forked(*args, timeout=120)
 
 
 # --- The captures ---------------------------------------------------------------
@@ -367,11 +366,12 @@ def test_a_converter_that_dies_is_one_line_and_exit_2(caps):
   """xprof's C++ aborting on a capture: the child's death, one line, not a crash."""
   child = ('import os, sys; sys.stderr.write("F0101 check.cc:1] Check failed: '
            'plane\\n"); os.abort()')
-  code = ("import sys; from mpt.machine import traces; traces.child_command = "
-          f"lambda: [sys.executable, '-c', {child!r}]; from mpt import main; main.run()")
-  proc = subprocess.run([sys.executable, "-c", code, "--mode=diagnose",
-                         f"--run={caps / 'p4_alexnet'}"], cwd=ROOT,
-                        capture_output=True, text=True, timeout=120)
+  script = caps.parent / "dies.py"
+  script.write_text(
+      "import sys; from mpt.machine import traces; traces.child_command = "
+      f"lambda: [sys.executable, '-c', {child!r}]; from mpt import main; main.run()")
+  proc = script_forked(script, "--mode=diagnose", f"--run={caps / 'p4_alexnet'}",
+                       cwd=ROOT, timeout=120)  # Its start is not under test.
   assert proc.returncode == 2, proc.stderr
   [line] = [l for l in proc.stderr.splitlines() if l.startswith("mpt: error:")]
   assert "xprof's converter died" in line and "SIGABRT" in line
@@ -396,9 +396,9 @@ model.fit(x, y, batch_size=8, epochs=1, verbose=0,
 
 def test_a_plain_keras_scripts_profile_is_diagnosed(tmp_path):
   logdir = tmp_path / "logs"
-  made = subprocess.run([sys.executable, "-c", KERAS_SCRIPT, str(logdir)],
-                        capture_output=True, text=True, timeout=120,
-                        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+  script = tmp_path / "plain.py"
+  script.write_text(KERAS_SCRIPT)
+  made = script_forked(script, str(logdir), cwd=tmp_path, timeout=120)  # Start untested.
   assert made.returncode == 0, made.stderr[-2000:]
   proc = _cli("--mode=diagnose", f"--run={logdir}")
   assert proc.returncode == 0, proc.stderr[-2000:]

@@ -4,9 +4,6 @@ back before and after by Keras' own accessors; the run's record and verdict rest
 it, and a second run of the same script reads it from the cache."""
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import keras
@@ -14,6 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from helpers import script_forked
 from mpt.records import summary as summary_lib
 from mpt.train.before_step1 import scriptcost
 
@@ -116,10 +114,9 @@ def _script(tmp_path, epochs: int) -> tuple[summary_lib.RunSummary, str]:
   script = tmp_path / f"s{epochs}.py"
   script.write_text(f"RUN_DIR = {str(run_dir)!r}\nEPOCHS = {epochs}\n"
                     + textwrap.dedent(SCRIPT))
-  env = {k: v for k, v in os.environ.items() if k != "MPT_COST"}
-  env["MPT_CACHE"] = str(tmp_path / "cache")
-  proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                        timeout=300, env=env)
+  # Its start is not under test.
+  proc = script_forked(script, cwd=tmp_path, timeout=300,
+                       env={"MPT_COST": None, "MPT_CACHE": str(tmp_path / "cache")})
   assert proc.returncode == 0, proc.stderr[-3000:]
   return summary_lib.read(run_dir / "summary.json"), proc.stdout
 
@@ -176,10 +173,9 @@ def test_a_slower_16_bit_script_gets_its_layers_plan_as_a_policy_map(tmp_path):
   run_dir = tmp_path / "run"
   script = tmp_path / "plan.py"
   script.write_text(f"RUN_DIR = {str(run_dir)!r}\n" + textwrap.dedent(PLAN_SCRIPT))
-  env = {**os.environ, "MPT_COST": str(tmp_path / "cost.json"),
-         "MPT_LAYERS": str(tmp_path / "layers.json")}
-  proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                        timeout=300, env=env)
+  proc = script_forked(script, cwd=tmp_path, timeout=300,
+                       env={"MPT_COST": str(tmp_path / "cost.json"),
+                            "MPT_LAYERS": str(tmp_path / "layers.json")})
   assert proc.returncode == 0, proc.stderr[-3000:]
   summary = summary_lib.read(run_dir / "summary.json")
   assert summary.layer_costs is not None and summary.cost.source.startswith("recorded")

@@ -4,8 +4,6 @@ summary.json), and bad patterns refused in one line before training."""
 
 import json
 import pathlib
-import subprocess
-import sys
 
 import keras
 import pytest
@@ -15,7 +13,7 @@ from mpt.errors import UserError
 from mpt.records.layers import Edge, LayerCosts, LayerRow
 from mpt.train.common import model as model_lib
 
-from helpers import mpt_forked, tiny_flags, train_run
+from helpers import mpt_forked, script_forked, tiny_flags, train_run
 
 
 def _model() -> keras.Model:
@@ -144,8 +142,7 @@ def test_inspects_plan_is_the_map_a_script_applies(tmp_path):
   assert "a script applies it with keras.mixed_precision.set_global_policy" in proc.stdout
   script = tmp_path / "apply.py"
   script.write_text(APPLY)
-  done = subprocess.run([sys.executable, str(script), str(where)], capture_output=True,
-                        text=True, timeout=120, check=False)
+  done = script_forked(script, str(where), cwd=tmp_path, timeout=120)  # Start not tested.
   assert done.returncode == 0, done.stderr[-2000:]
   dtypes = json.loads(done.stdout.strip().splitlines()[-1])
   assert dtypes == {"conv1": "bfloat16", "bn1": "float32", "conv2": "bfloat16",

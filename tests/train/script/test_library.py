@@ -361,8 +361,7 @@ def test_a_tracked_loop_ends_in_the_command_lines_words(tmp_path, raised, status
   script = tmp_path / "loop.py"
   script.write_text(f"RUN_DIR = {str(run_dir)!r}\nRAISED = {raised}\n"
                     + textwrap.dedent(LOOP_THAT_RAISES))
-  proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                        timeout=300)
+  proc = script_forked(script, cwd=tmp_path, timeout=300)  # Its start is not under test.
   assert proc.returncode != 0 and raised in proc.stderr  # The error goes on.
   summary = summary_lib.read(run_dir / "summary.json")
   assert (summary.status, summary.steps) == (status, 4)
