@@ -45,7 +45,7 @@ def inspect_only(cfg: config.Config) -> dict[str, Any]:
     raise UserError("--policy=auto times training steps: use it with --mode=train")
   models.parse_opts(cfg.model, cfg.model_opts)  # Checks the name and the options.
   rundir.check_root(cfg)
-  keras.backend.clear_session()
+  keras.backend.clear_session(free_memory=False)  # As a run starts (prepare.py).
   keras.utils.set_random_seed(cfg.seed)
   print(precision.describe(precision.set_policy(cfg.policy)))
   batches, classes = _batches(cfg)

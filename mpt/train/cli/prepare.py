@@ -161,7 +161,10 @@ def _start(cfg: config.Config) -> tuple[distribute.Setup, tuple[int, int] | None
     rundir.check_root(cfg)
   profiler.parse_window(cfg.profile_steps, cfg.warmup_steps, 10**12)  # Syntax, early.
   fault_window = flagvalues.parse_steps(cfg.fault_steps, "fault_steps")
-  keras.backend.clear_session()  # Fresh graph state when runs share a process (tests).
+  # Fresh Keras state (layer names, graph) when runs share a process (tests, a
+  # notebook). Without Python's full collection, which in a long-lived process holding
+  # many models takes longer than a tiny run (automatic collection still runs).
+  keras.backend.clear_session(free_memory=False)
   keras.utils.set_random_seed(cfg.seed)
   if cfg.deterministic:
     tf.config.experimental.enable_op_determinism()

@@ -62,7 +62,9 @@ def load(name: str):
 def run_one(name: str, out_dir: pathlib.Path) -> dict:
   import keras
   keras.mixed_precision.set_global_policy("float32")
-  keras.backend.clear_session()
+  # Keras' names and graph fresh per program; Python's full collection left to run
+  # when it runs (forced, it took longer than a small program).
+  keras.backend.clear_session(free_memory=False)
   start = time.perf_counter()
   expected, error = None, None
   try:
