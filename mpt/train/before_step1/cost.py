@@ -175,7 +175,8 @@ def measure(cfg: config.Config, build: Callable[[], keras.Model],
   onednn = keras_fit.onednn_rewrite_on()
   found = Cost(cost_lib.key_for(cfg, onednn, isa.detect()), onednn, batch)
   start = clock()
-  keras.backend.clear_session()
+  # Keras' state fresh; memory is freed after the measurement (below), not before.
+  keras.backend.clear_session(free_memory=False)
   keras.utils.set_random_seed(cfg.seed)
   # Built under a 16-bit policy, so that a layer the model pins to float32 (its
   # softmax) stands out from those that follow the policy (mpt/measure/policies.py).
@@ -199,7 +200,7 @@ def measure(cfg: config.Config, build: Callable[[], keras.Model],
            and not (row.stopped or "").startswith("failed")}
     found.gpu_kernels, found.gpu_kernels_note = gpu_steps.kernel_table(ran)
   precision.set_policy("float32")
-  keras.backend.clear_session()
+  keras.backend.clear_session()  # The timed model's memory freed before the run's.
   found.seconds = round(clock() - start, 2)
   return found
 

@@ -132,14 +132,14 @@ def will_not_fit(cfg, build: Callable[[], Any]) -> str | None:
   """Why a step of `build()`'s model at the run's device batch would run out of memory
   under some policy, or None: the estimate of `for_run`, before anything runs it (the
   step's cost per policy, mpt/train/before_step1/cost.py, is measured at that batch)."""
-  keras.backend.clear_session()
+  keras.backend.clear_session(free_memory=False)  # Memory is freed after (below).
   keras.mixed_precision.set_global_policy("float32")
   model = build()
   report = dtypes_lib.inspect_model(model, seed=cfg.seed)
   trainable = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
   ests = estimates(report, device_batch(cfg), trainable, memory.rss_mb(),
                    bool(tf.config.list_logical_devices("GPU")))
-  keras.backend.clear_session()
+  keras.backend.clear_session()  # The inspected model's memory freed before the next.
   try:
     for policy in ests:
       check(policy, ests, force=False)
