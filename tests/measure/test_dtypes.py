@@ -57,7 +57,8 @@ def test_mode_inspect_runs_without_training(tmp_path):
   events file holds only the texts, no step's scalar."""
   proc = mpt_forked("--mode=inspect", "--policy=mixed_bfloat16", "--image_size=48",
                     f"--logdir={tmp_path}/logs", "--run_name=i",
-                    f"--data_dir={tmp_path}/data")  # Where training would make data.
+                    f"--data_dir={tmp_path}/data",  # Where training would make data,
+                    "--synthetic_train=64", "--synthetic_val=32", "--synthetic_px=64")
   assert proc.returncode == 0, proc.stderr
   assert "compute dtype: bfloat16" in proc.stdout and "conv3" in proc.stdout
   run = tmp_path / "logs" / "i"
