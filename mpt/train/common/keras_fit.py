@@ -1,9 +1,11 @@
 """Every touch of Keras/TensorFlow internals in mpt, one named function each.
 
-`fit` is Keras' own loop; mpt needs three things from it that Keras has no public
-switch for, and one fact of TensorFlow's (is its oneDNN rewrite on?) that TF does not
-offer publicly. Each function below says what it changes, why, and which versions it was
-written for: Keras 3.15 on TensorFlow 2.21 (KERAS_VERSION, TF_VERSION).
+`fit` is Keras' own loop; mpt needs things from it that Keras has no public switch
+for (a batch fetched through mpt's timer, the one-step function it traced), and
+facts and hooks of TensorFlow's that only tensorflow.python offers (op callbacks, the
+eager tape's gradient look-up, op statistics, whether its oneDNN rewrite is on). Each
+function below says what it changes, why, and which versions it was written for:
+Keras 3.15 on TensorFlow 2.21 (KERAS_VERSION, TF_VERSION).
 tests/train/common/test_keras_fit.py checks that every private name used here still exists,
 and fails loudly, naming the function, when a Keras or TF upgrade removes one. No
 other module of mpt may use a private attribute of a Keras or TF object (an import

@@ -81,6 +81,22 @@ def test_fetch_through_runs_one_step_per_fetched_batch():
       "iterator: revisit keras_fit.fetch_through")
 
 
+def test_one_step_function_is_still_the_step_fit_traced():
+  model = _model()
+  x, y = np.ones((2, 4), "float32"), np.ones((2, 2), "float32")
+  keras_fit.fetch_through(model, next)  # As mpt's fit runs: through its wrapper.
+  model.fit(x, y, batch_size=2, verbose=0)
+  step = keras_fit.one_step_function(model)
+  # Traced at the first step (twice where the step creates the optimizer's
+  # variables: TensorFlow traces such a function again).
+  traces = step.experimental_get_tracing_count() if step is not None else 0
+  assert traces >= 1, ("revisit keras_fit.one_step_function: Keras' train function "
+                       "no longer holds the one_step_on_data it traced")
+  model.fit(x, y, batch_size=2, verbose=0)  # The same step again: no trace.
+  assert keras_fit.one_step_function(model) is step
+  assert step.experimental_get_tracing_count() == traces
+
+
 def test_step_marker_is_a_step_root_event_in_a_trace(tmp_path):
   tf.profiler.experimental.start(str(tmp_path))
   with keras_fit.step_marker(3):
