@@ -50,8 +50,8 @@ Loss = Callable[[Any, Any, Any], Any]  # (x, y, prediction) -> the scalar loss.
 # Ops whose outputs are a variable's value: weights stay float32 under a mixed policy.
 VARIABLE_READS = ("ReadVariableOp",)
 # A context manager that calls its argument (op_type, outputs) after each op run
-# eagerly inside it (keras_fit.eager_op_outputs: TF internals live in mpt/train).
-OpWatch = Callable[[Callable[[str, list], None]], Any]
+# eagerly inside it (keras_fit.eager_ops: TF internals live in mpt/train).
+OpWatch = Callable[[Callable[[str, list, list], None]], Any]
 
 
 def values(t) -> Values:
@@ -143,7 +143,7 @@ def _float16_ops(model: keras.Model, x, ops: OpWatch) -> dict[int, set[str]] | N
   the pass fails (then every op of a layer counts)."""
   found: dict[int, set[str]] = collections.defaultdict(set)
 
-  def note(stack, op_type, outputs):
+  def note(stack, op_type, inputs, outputs):
     if stack and any(getattr(t, "dtype", None) == tf.float16 for t in outputs):
       found[id(stack[-1].layer)].add(op_type)
   n = int(keras.tree.flatten(x)[0].shape[0])
@@ -168,7 +168,8 @@ def _scaled_after(layer) -> float | None:
 
 
 def _note(stack: list[observe.Call], inside: dict[int, tuple[Values, str]],
-          float16: dict[int, set[str]] | None, op_type: str, outputs: list) -> None:
+          float16: dict[int, set[str]] | None, op_type: str, inputs: list,
+          outputs: list) -> None:
   """One op's outputs, run inside the innermost layer call now running, merged into
   that layer's `inside` (its values, the type of the op that made the largest):
   where `float16` is known, only an op of a type that computes in float16 there."""
@@ -225,7 +226,7 @@ def sample(model: keras.Model, batches: Iterable[tuple[Any, Any]], loss: Loss | 
            clock: Callable[[], float] = time.perf_counter,
            ops: OpWatch | None = None) -> Sample:
   """One sample of `model`'s numerics on `batches` of (x, y) at `step`. With `ops`
-  (a way to see each op TensorFlow runs eagerly: keras_fit.eager_op_outputs), each
+  (a way to see each op TensorFlow runs eagerly: keras_fit.eager_ops), each
   layer's row also holds `inside`: the values its own ops made in its call (the
   attention scores inside MultiHeadAttention, a custom layer's products)."""
   start = clock()

@@ -244,7 +244,7 @@ def test_the_histogram_answers_any_power_of_two_scale_exactly():
 
 def _ops():
   from mpt.train.common import keras_fit
-  return keras_fit.eager_op_outputs
+  return keras_fit.eager_ops
 
 
 def test_attention_scores_inside_the_layer_are_its_range_as_numpy_computes_them():

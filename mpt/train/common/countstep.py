@@ -99,9 +99,7 @@ class CountStep(keras.callbacks.Callback):
     keras_step, before, scopes = self._watched
     if keras_step.experimental_get_tracing_count() == before:
       return None
-    found = stepflops.count(keras_step.get_concrete_function(*args).graph)
-    found.rename(lambda scope: stepflops.named(scope, scopes))
-    return found
+    return stepflops.count(keras_step.get_concrete_function(*args).graph, scopes)
 
   def on_train_batch_end(self, batch, logs=None):
     if self._done:

@@ -132,16 +132,6 @@ def trained_variables(optimizer: keras.optimizers.Optimizer) -> list:
 
 
 @contextlib.contextmanager
-def eager_op_outputs(seen: Callable[[str, list], None]):
-  """Inside the block, `seen(op_type, outputs)` after each op TensorFlow runs eagerly
-  (not the ops a tf.function's graph holds), in this thread: the values a layer
-  computes inside its call, which no Keras hook shows. `seen` must run no
-  TensorFlow op itself (read the outputs with .numpy()). See `eager_ops`."""
-  with eager_ops(lambda op, inputs, outputs: seen(op, outputs)):
-    yield
-
-
-@contextlib.contextmanager
 def eager_gradient_ops(seen: Callable[[str, Any, list, list], None]):
   """Inside the block, `seen(op_type, forward, inputs, outputs)` after each op
   TensorFlow runs eagerly in this thread, where `forward` is the op whose gradient a
@@ -192,8 +182,10 @@ def eager_gradient_ops(seen: Callable[[str, Any, list, list], None]):
 
 @contextlib.contextmanager
 def eager_ops(seen: Callable[[str, list, list], None]):
-  """Inside the block, `seen(op_type, inputs, outputs)` for each op run
-  eagerly (not one a tf.function's graph holds), with the outputs TF's own numerics
+  """Inside the block, `seen(op_type, inputs, outputs)` after each op TensorFlow runs
+  eagerly in this thread (not one a tf.function's graph holds): the values a layer
+  computes inside its call, which no Keras hook shows. `seen` must run no TensorFlow
+  op itself (read tensors with .numpy()). The outputs are those TF's own numerics
   check reads (not its SAFE_OPS, which pass values through, nor FusedBatchNorm's
   auxiliary outputs, undefined in inference mode). TF 2.21 offers op callbacks and
   those lists only in tensorflow.python (op_callbacks, which

@@ -72,7 +72,6 @@ class Watch(keras.callbacks.Callback):
     self.at_step, self.done, self.writer, self.ends_fit = at_step, done, writer, ends_fit
     self.parts = parts or besteffort.Parts(found.not_measured)
     self._scale: float | None = None  # The loss scale after the last step.
-    self._replay = overflow.Replayer()
 
   def on_train_begin(self, logs=None):
     self._scale = self.parts.attempt("overflow", self.source.scale)
@@ -103,7 +102,7 @@ class Watch(keras.callbacks.Callback):
       self.found.skipped_not_replayed += 1
       return
     x, y = self.source.batches(step - 1)[0]
-    found = self._replay(self.source.model(), x, y, self.source.loss(), before, step)
+    found = overflow.replay(self.source.model(), x, y, self.source.loss(), before, step)
     self.found.overflows.append(found)
     records.write(self.run_dir, self.found)
     print(f"mpt: {overflow.describe(found)}", flush=True)
@@ -122,7 +121,7 @@ class Watch(keras.callbacks.Callback):
       return
     sample = measure.sample(self.source.model(), self.source.batches(step),
                             self.source.loss(), step, self.source.scale(),
-                            ops=keras_fit.eager_op_outputs)
+                            ops=keras_fit.eager_ops)
     self.found.samples.append(sample)
     self.found.seconds = round(sum(s.seconds for s in self.found.samples), 3)
     records.write(self.run_dir, self.found)
@@ -201,7 +200,7 @@ def before_training(cfg: config.Config, model: keras.Model, batches: list,
   scale = records.DYNAMIC_START if cfg.loss_scale == "dynamic" else float(cfg.loss_scale)
   sample = besteffort.Parts(found.not_measured).attempt(
       "numerics", measure.sample, model, batches, sparse_loss(loss), 0, scale,
-      ops=keras_fit.eager_op_outputs)
+      ops=keras_fit.eager_ops)
   if sample is not None:
     found.samples.append(sample)
     found.seconds = sample.seconds

@@ -37,25 +37,22 @@ MAX_REPLAYS = 3
 LOSS = "the loss"  # What the loss' own ops belong to (no layer of the model).
 
 
-class Replayer:
-  """Replays skipped steps of one run."""
-
-  def __call__(self, model: keras.Model, x, y, loss, scale: float | None,
-               step: int) -> Overflow:
-    """The first non-finite op of `model` on (x, y): forward, then (given `loss`, a
-    callable of (x, y, prediction)) the gradient of the loss times `scale`."""
-    start = time.perf_counter()
-    found = Overflow(step=step, loss_scale=scale)
-    forward = _Forward(model)
-    with tf.GradientTape() as tape:
-      value = forward.run(x, y, loss, scale)
-    if forward.first:
-      found.op, found.kind, found.output = forward.first[:3]
-      found.layer = forward.name(forward.first[3])
-    elif value is not None:
-      _backward(tape, value, model, forward, found)
-    found.seconds = round(time.perf_counter() - start, 3)
-    return found
+def replay(model: keras.Model, x, y, loss, scale: float | None, step: int) -> Overflow:
+  """Skipped step `step` replayed: the first non-finite op of `model` on (x, y),
+  forward, then (given `loss`, a callable of (x, y, prediction)) the gradient of the
+  loss times `scale`."""
+  start = time.perf_counter()
+  found = Overflow(step=step, loss_scale=scale)
+  forward = _Forward(model)
+  with tf.GradientTape() as tape:
+    value = forward.run(x, y, loss, scale)
+  if forward.first:
+    found.op, found.kind, found.output = forward.first[:3]
+    found.layer = forward.name(forward.first[3])
+  elif value is not None:
+    _backward(tape, value, model, forward, found)
+  found.seconds = round(time.perf_counter() - start, 3)
+  return found
 
 
 def _not_finite(outputs) -> tuple[str, str] | None:
@@ -140,12 +137,13 @@ def _backward(tape, value, model: keras.Model, forward: _Forward,
   made: list = []
 
   def check(op_type, differentiated, inputs, outputs):
-    layer = forward.layer_of(differentiated) if differentiated is not None else None
     if not made:
       bad = _not_finite(outputs)
-      if bad:
-        made.extend([op_type, *bad])
-    if made and layer is not None:
+      if not bad:
+        return
+      made.extend([op_type, *bad])
+    layer = forward.layer_of(differentiated) if differentiated is not None else None
+    if layer is not None:
       made.append(layer)
       raise _Stop
   with keras_fit.eager_gradient_ops(check):

@@ -105,9 +105,7 @@ def of_trace(step, args: tuple, models: list) -> StepFlops:
   the path of its layers' own names."""
   with layer_scopes(models) as scopes:
     graph = step.get_concrete_function(*args).graph
-  found = count(graph)
-  found.rename(lambda scope: named(scope, scopes))
-  return found
+  return count(graph, scopes)
 
 
 @contextlib.contextmanager
@@ -141,11 +139,14 @@ def named(scope: str, scopes: dict[str, str]) -> str:
                   for i, part in enumerate(parts))
 
 
-def count(graph) -> StepFlops:
-  """The FLOPs of the ops of `graph` (a FuncGraph) that run."""
+def count(graph, scopes: dict[str, str] | None = None) -> StepFlops:
+  """The FLOPs of the ops of `graph` (a FuncGraph) that run; with `scopes` (recorded
+  as it traced: layer_scopes), each op's scope read as its layers' path."""
   found = StepFlops()
   for op in _running(graph):
     _count_op(graph, op, found)
+  if scopes is not None:
+    found.rename(lambda scope: named(scope, scopes))
   return found
 
 

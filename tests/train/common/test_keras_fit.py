@@ -122,24 +122,24 @@ def test_a_called_functions_graph_and_tfs_op_statistics_are_still_found():
   assert keras_fit.function_graph(graph, "no_such_function") is None
 
 
-def test_eager_op_outputs_still_sees_each_op_a_layer_runs():
+def test_eager_ops_still_see_each_op_a_layer_runs():
   seen = []
   layer = keras.layers.Dense(2)
   layer.build((1, 4))
-  with keras_fit.eager_op_outputs(lambda op, outputs: seen.append(
+  with keras_fit.eager_ops(lambda op, inputs, outputs: seen.append(
       (op, [o.numpy().shape for o in outputs]))):
     layer(np.ones((1, 4), "float32"))
   assert ("MatMul", [(1, 2)]) in seen, (
-      f"revisit keras_fit.eager_op_outputs: the eager MatMul was not seen ({seen})")
+      f"revisit keras_fit.eager_ops: the eager MatMul was not seen ({seen})")
   # Inference-mode batch normalisation: its output only, not its undefined others.
   seen.clear()
-  with keras_fit.eager_op_outputs(lambda op, outputs: seen.append(
+  with keras_fit.eager_ops(lambda op, inputs, outputs: seen.append(
       (op, [o.numpy().shape for o in outputs]))):
     tf.compat.v1.nn.fused_batch_norm(np.ones((1, 1, 2, 3), "float32"), np.ones(3, "float32"),
                                      np.zeros(3, "float32"), np.zeros(3, "float32"),
                                      np.ones(3, "float32"), is_training=False)
   assert [s for op, s in seen if op.startswith("FusedBatchNorm")] == [[(1, 1, 2, 3)]], (
-      f"revisit keras_fit.eager_op_outputs: TF's ignored outputs changed ({seen})")
+      f"revisit keras_fit.eager_ops: TF's ignored outputs changed ({seen})")
 
 
 def test_eager_gradient_ops_still_see_the_forward_op_each_gradient_is_of():
