@@ -27,8 +27,12 @@ The suite reads no fact of the host it could get wrong on another machine:
 - After each test the global precision policy is float32 again, op determinism is off
   and os.environ is the session's, whatever the test did; child processes a test
   started are killed.
+- What the worker imported (TensorFlow, Keras, mpt, the test modules) is frozen out of
+  Python's collections once collection ends (`gc.freeze`), as `python -m mpt.main` does
+  for its imports: each later full collection walks only what the tests made.
 """
 
+import gc
 import os
 import pathlib
 import shutil
@@ -113,6 +117,20 @@ def pytest_configure(config):
 def pytest_report_header(config):
   return (f"mpt: CPU facts from {os.environ.get('MPT_CPUINFO', '/proc/cpuinfo (host)')}"
           f"; kernel table from {os.environ.get('MPT_KERNELS', 'a probe of the host')}")
+
+
+def pytest_collection_finish(session):
+  # A full collection of a worker that imported TensorFlow and every test module
+  # walked all of it, whatever the test had made: 9% of the CPU time of test_train,
+  # test_guards and test_models together (one process, Zen 4).
+  gc.freeze()
+
+
+def pytest_sessionfinish(session, exitstatus):
+  # pytest then collects five times over (its search for unraisable exceptions in
+  # finalizers: 3-4 s per worker here) and the interpreter once more at exit, each
+  # over every graph and model the session made: those are not garbage to find.
+  gc.freeze()
 
 
 def _host_has_gpu() -> bool:

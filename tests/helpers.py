@@ -5,6 +5,7 @@ Fixtures live in conftest.py; plain functions and classes live here, so that a t
 imports them by name instead of from conftest.
 """
 
+import gc
 import importlib.util
 import multiprocessing
 import os
@@ -143,6 +144,7 @@ PRELOAD = ["tensorflow", "keras", "mpt.main", "mpt.train.cli.run", "mpt.diagnose
 def _forked_main(argv: list[str], env: dict[str, str], out: str, err: str) -> None:
   """A forked child: the environment, cwd and output files of a fresh process, then
   mpt's command line (absl's app.run, as `python -m mpt.main` runs it)."""
+  gc.freeze()  # The server's imports, out of the child's collections (as mpt/main.py).
   os.environ.update(env)
   tempfile.tempdir = None  # TMPDIR read again, as a fresh process would.
   os.chdir(ROOT)
@@ -157,6 +159,7 @@ def _forked_script(argv: list[str], env: dict[str, str], out: str, err: str,
                    cwd: str) -> None:
   """A forked child running a Python script as `python SCRIPT ARGS` would, in `cwd`
   (`env`: variables to set; None unsets one)."""
+  gc.freeze()  # As in _forked_main.
   for name, value in env.items():
     os.environ.pop(name, None) if value is None else os.environ.update({name: value})
   tempfile.tempdir = None

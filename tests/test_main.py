@@ -103,13 +103,15 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args, words):
   assert words in err and "Traceback" not in err
 
 
-def test_offline_tfds_is_one_line_and_exit_2(tmp_path):
+def test_offline_tfds_is_one_line_and_exit_2(tmp_path, capsys):
   # How it stays fast offline (no network before the prepared-data check) is
-  # test_data's; this is what the user sees.
-  proc = mpt("--dataset=imagenette/320px", f"--data_dir={tmp_path}",
-             f"--logdir={tmp_path}/logs")
-  assert proc.returncode == 2 and "not prepared" in proc.stderr
-  [line] = error_lines(proc.stderr)
+  # test_data's; this is what the user sees (what a process of its own prints around
+  # it, test_bad_input_is_one_line_and_exit_2_from_a_real_process's).
+  code = main_in_process("--dataset=imagenette/320px", f"--data_dir={tmp_path}",
+                         f"--logdir={tmp_path}/logs")
+  err = capsys.readouterr().err
+  assert code == 2 and "not prepared" in err
+  [line] = error_lines(err)
   assert line.startswith("mpt: error: TFDS dataset 'imagenette/320px' is not prepared")
 
 

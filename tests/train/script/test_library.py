@@ -18,7 +18,7 @@ import textwrap
 
 import pytest
 
-from helpers import ROOT, USER_SCALE_LAYER, read_events, script_forked
+from helpers import ROOT, USER_SCALE_LAYER, read_events, script_forked, tiny_flags
 from mpt.records import numerics as numerics_lib
 from mpt.records import summary as summary_lib
 
@@ -299,8 +299,9 @@ def test_another_keras_backend_is_one_line(tmp_path, monkeypatch):
   assert not (tmp_path / "a").exists()
   # The command line sets it for its own process, and says so (without that, importing
   # Keras would fail here: jax is not installed).
-  proc = subprocess.run([sys.executable, "-m", "mpt", "--mode=inspect", "--image_size=16",
-                         f"--logdir={tmp_path}/logs"], capture_output=True, text=True,
+  # (On tiny data: the numerics sample reads a few batches of the synthetic set.)
+  proc = subprocess.run([sys.executable, "-m", "mpt", "--mode=inspect",
+                         *tiny_flags(tmp_path)], capture_output=True, text=True,
                         timeout=180, cwd=tmp_path,
                         env={**os.environ, "KERAS_BACKEND": "jax"})
   assert proc.returncode == 0, proc.stderr[-2000:]
