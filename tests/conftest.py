@@ -29,7 +29,8 @@ The suite reads no fact of the host it could get wrong on another machine:
   started are killed.
 - What the worker imported (TensorFlow, Keras, mpt, the test modules) is frozen out of
   Python's collections once collection ends (`gc.freeze`), as `python -m mpt.main` does
-  for its imports: each later full collection walks only what the tests made.
+  for its imports: each later full collection walks only what the tests made. At the
+  session's end, what the tests made is frozen too: nothing collects it before exit.
 """
 
 import gc
@@ -120,16 +121,16 @@ def pytest_report_header(config):
 
 
 def pytest_collection_finish(session):
-  # A full collection of a worker that imported TensorFlow and every test module
-  # walked all of it, whatever the test had made: 9% of the CPU time of test_train,
-  # test_guards and test_models together (one process, Zen 4).
+  # Unfrozen, each full collection of a worker walks everything TensorFlow and the test
+  # modules made at import, whatever the test made since: frozen, test_train,
+  # test_guards and test_models together took 9% less CPU (one process, Zen 4).
   gc.freeze()
 
 
 def pytest_sessionfinish(session, exitstatus):
   # pytest then collects five times over (its search for unraisable exceptions in
-  # finalizers: 3-4 s per worker here) and the interpreter once more at exit, each
-  # over every graph and model the session made: those are not garbage to find.
+  # finalizers: 3.8 s on one worker, profiled) and the interpreter once more at exit,
+  # each over every graph and model the session made, which are not garbage to find.
   gc.freeze()
 
 
