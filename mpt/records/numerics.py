@@ -141,9 +141,6 @@ class Overflow:
   step: int  # The step that was skipped (1-based, as steps are counted).
   loss_scale: float | None  # The scale it ran at.
   op: str | None = None  # Its type (BatchMatMulV2, Softmax, ...).
-  # The op's first input by its name in a traced graph: written by the backward
-  # replays of earlier versions (traced), read where a record has it.
-  tensor: str | None = None
   # Its output's dtype and shape (both passes run eagerly: tensors have no names).
   output: str | None = None
   layer: str | None = None  # The Keras layer path the op belongs to.
