@@ -114,6 +114,29 @@ def filter_stream() -> None:
   sys.stdout.write("no_driver" if found.no_driver else "")
 
 
+@contextlib.contextmanager
+def without_pyplot():
+  """TensorFlow's import as on a machine without matplotlib, which is importable again
+  afterwards (mpt's own charts: the microbenchmark's, a sweep's, compare's).
+
+  `import tensorflow` imports Keras (tf.keras), whose visualization module imports
+  matplotlib.pyplot if it can (Keras 3.15: keras/src/visualization/, in a try/except
+  ImportError: matplotlib is an optional dependency of Keras, which must start without
+  it). mpt never plots through Keras, and pyplot's import was 0.7 s of CPU of
+  TensorFlow's 4 s (Zen 4, TF 2.21): paid by every run, sweep cell and probe child.
+  A process that has matplotlib already (a user's) keeps it as it is.
+  """
+  if "matplotlib" in sys.modules:
+    yield
+    return
+  sys.modules["matplotlib"] = None  # An import of it, or of a submodule, fails.
+  try:
+    yield
+  finally:
+    if "matplotlib" in sys.modules and sys.modules["matplotlib"] is None:
+      del sys.modules["matplotlib"]
+
+
 def import_tensorflow(say_no_gpu: bool = True, parent_filters: bool = False) -> None:
   """Imports TensorFlow and lets it look for GPUs, its start-up INFO lines (oneDNN,
   CUDA stubs, CPU features) dropped and the no-driver cuInit line said once as NO_GPU.
@@ -130,7 +153,8 @@ def import_tensorflow(say_no_gpu: bool = True, parent_filters: bool = False) -> 
   """
   if ("tensorflow" in sys.modules or os.environ.get("TF_CPP_MIN_LOG_LEVEL") == "0"
       or parent_filters):
-    import tensorflow as tf
+    with without_pyplot():
+      import tensorflow as tf
     if parent_filters:
       tf.config.list_physical_devices("GPU")  # Its cuInit line, for the parent.
     return
@@ -141,7 +165,8 @@ def import_tensorflow(say_no_gpu: bool = True, parent_filters: bool = False) -> 
   saved = os.dup(2)
   os.dup2(filt.stdin.fileno(), 2)
   try:
-    import tensorflow as tf
+    with without_pyplot():
+      import tensorflow as tf
     tf.config.list_physical_devices("GPU")  # CUDA's probe: its cuInit line, here.
   finally:
     os.dup2(saved, 2)

@@ -61,11 +61,14 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
     [str(pathlib.Path(__file__).resolve().parent.parent)] +
     [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
 
-import keras
 import pytest
-import tensorflow as tf
 
 from mpt import config
+from mpt import console
+
+with console.without_pyplot():  # As mpt's own processes import them.
+  import keras
+  import tensorflow as tf
 
 import helpers
 

@@ -136,9 +136,10 @@ def mpt(*args: str, timeout: float = 300, **kwargs) -> subprocess.CompletedProce
 
 
 _FORKSERVER = None  # This pytest process's, started at the first forked run.
-# What the fork server imports once, so that a run forked from it starts at mpt's
-# first line of work instead of after TensorFlow's 6 s import.
-PRELOAD = ["tensorflow", "keras", "mpt.main", "mpt.train.cli.run", "mpt.diagnose.diagnosis"]
+# What the fork server imports once (tests/forkserver_preload.py, found from the
+# repository root on PYTHONPATH: the server does not take pytest's sys.path), so that a
+# run forked from it starts at mpt's first line of work instead of TensorFlow's import.
+PRELOAD = ["tests.forkserver_preload"]
 
 
 def _forked_main(argv: list[str], env: dict[str, str], out: str, err: str) -> None:

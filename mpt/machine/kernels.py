@@ -41,7 +41,9 @@ FAMILIES = {
 # Run in the child: every op on small representative shapes, marked in the log.
 PROBE = r"""
 import json, statistics, sys, time
-import tensorflow as tf
+from mpt import console  # TensorFlow as mpt imports it (without pyplot).
+with console.without_pyplot():
+  import tensorflow as tf
 R = int(sys.argv[1])
 def timed(name, dtype, fn):
   print(f"MPT-OP {name} {dtype}", flush=True)
