@@ -116,24 +116,19 @@ def filter_stream() -> None:
 
 @contextlib.contextmanager
 def without_pyplot():
-  """TensorFlow's import as on a machine without matplotlib, which is importable again
-  afterwards (mpt's own charts: the microbenchmark's, a sweep's, compare's).
-
-  `import tensorflow` imports Keras (tf.keras), whose visualization module imports
-  matplotlib.pyplot if it can (Keras 3.15: keras/src/visualization/, in a try/except
-  ImportError: matplotlib is an optional dependency of Keras, which must start without
-  it). mpt never plots through Keras, and pyplot's import was 0.7 s of CPU of
-  TensorFlow's 4 s (Zen 4, TF 2.21): paid by every run, sweep cell and probe child.
-  A process that has matplotlib already (a user's) keeps it as it is.
-  """
-  if "matplotlib" in sys.modules:
+  """A block importing TensorFlow as on a machine without matplotlib, which imports
+  again afterwards (mpt's own charts). TF imports Keras, whose visualization module
+  imports pyplot where it can (Keras 3.15, in a try/except ImportError: matplotlib is
+  optional for Keras); mpt never plots through Keras, and that import was 0.7 of TF's
+  4 CPU-s (Zen 4, TF 2.21), paid by every run, sweep cell and probe child."""
+  if "matplotlib" in sys.modules:  # A process that has it (a user's) keeps it.
     yield
     return
   sys.modules["matplotlib"] = None  # An import of it, or of a submodule, fails.
   try:
     yield
   finally:
-    if "matplotlib" in sys.modules and sys.modules["matplotlib"] is None:
+    if sys.modules.get("matplotlib", 0) is None:
       del sys.modules["matplotlib"]
 
 

@@ -41,9 +41,9 @@ FAMILIES = {
 # Run in the child: every op on small representative shapes, marked in the log.
 PROBE = r"""
 import json, statistics, sys, time
-from mpt import console  # TensorFlow as mpt imports it (without pyplot).
-with console.without_pyplot():
-  import tensorflow as tf
+from mpt import console  # As mpt imports it (TF_CPP_MIN_LOG_LEVEL=0: all lines).
+console.import_tensorflow()
+import tensorflow as tf
 R = int(sys.argv[1])
 def timed(name, dtype, fn):
   print(f"MPT-OP {name} {dtype}", flush=True)

@@ -19,9 +19,9 @@ from mpt.machine import onednn
 
 PROBE = r"""
 import json, sys
-from mpt import console  # TensorFlow as mpt imports it (without pyplot).
-with console.without_pyplot():
-  import tensorflow as tf
+from mpt import console  # As mpt imports it (TF_CPP_MIN_LOG_LEVEL=0: all lines).
+console.import_tensorflow()
+import tensorflow as tf
 for dtype in ("float32", "bfloat16", "float16"):
   a = tf.cast(tf.ones((128, 128)), dtype)
   print(f"MPT-OP matmul {dtype}", flush=True)
