@@ -140,7 +140,8 @@ def main() -> None:
       measured = (statistics.median(r["ms"] for r in runs["mixed_bfloat16"]) /
                   statistics.median(r["ms"] for r in runs["float32"]))
       preds = [r["predicted"]["mixed_bfloat16"] / r["predicted"]["float32"]
-               if r["predicted"].get("float32") else None
+               if r["predicted"].get("float32") and r["predicted"].get("mixed_bfloat16")
+               else None  # Not timed: the run's share of its training was spent.
                for r in (runs["float32"][0], runs["mixed_bfloat16"][0])]
       off = max((max(p, measured) / min(p, measured) for p in preds if p), default=None)
       seconds = runs["float32"][0]["seconds"]

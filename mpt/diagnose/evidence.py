@@ -26,6 +26,7 @@ from mpt.diagnose import opstats
 from mpt.diagnose.gpu_evidence import GpuEvidence
 from mpt.errors import UserError
 from mpt.machine import gpu_profile, hardware
+from mpt.records import cost as cost_records
 from mpt.records import summary as summary_lib
 from mpt.records import numerics as numerics_lib
 from mpt.records.machine import Hardware
@@ -80,7 +81,8 @@ class Evidence:
     if self.speedup:
       return 1 / self.speedup, "sibling runs"
     found = self.verdict
-    if found and found.ratio and self.summary.policy in hardware.SIXTEEN:
+    if found and found.ratio and self.summary.policy in hardware.SIXTEEN and (
+        found.bound != cost_records.AT_MOST):  # An upper bound measures no slowdown.
       return found.ratio, "probe"
     return None
 
@@ -215,6 +217,10 @@ def _notes(s: RunSummary, op_stats, notes: list[str]) -> None:
                  "recorded them): the hardware checks were skipped")
   for what, why in s.not_measured.items():
     notes.append(f"not measured ({what.replace('_', ' ')}): {why}")
+  for row in (s.cost.policies if s.cost else []):
+    if row.from_run:  # The run's own steps outrank the timing before step 1.
+      notes.append(f"the step's cost per policy: {row.from_run}; the record and this "
+                   "diagnosis take the run's")
   found = s.policy_verdict
   if found is None:
     notes.append("summary.json records no kernel verdict (a run made before mpt "

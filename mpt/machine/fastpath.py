@@ -16,7 +16,7 @@ from typing import Any
 from mpt import config
 from mpt.machine import gpu_table
 from mpt.machine import hardware
-from mpt.machine import kernels
+from mpt.machine import probe_ops
 from mpt.records import cost as cost_records
 from mpt.records.cost import times
 from mpt.records.verdict import PolicyVerdict
@@ -52,7 +52,7 @@ def _rows(table: dict[str, Any], families) -> list[dict[str, Any]]:
     gpu_families = {"depthwise": "conv"}
     return [r for r in table.get("rows", [])
             if r["op"] in {gpu_families.get(f, f) for f in families}]
-  ops = {op for f in families for op in kernels.FAMILIES[f]}
+  ops = {op for f in families for op in probe_ops.FAMILIES[f]}
   return [r for r in table.get("rows", []) if r["op"] in ops]
 
 
@@ -113,18 +113,44 @@ def _warning(policy: str, found: PolicyVerdict, step_ms, worst, dtype: str) -> s
   return text
 
 
+def _bounded(policy: str, bound: tuple[str, float], ratios: dict[str, float]
+             ) -> PolicyVerdict:
+  """The verdict on a policy whose step's timing stopped before it settled: what the
+  bound decides (slow only if at least SLOW; faster than float32 only if at most
+  below 1), said as a bound; the other policies' figures as measured."""
+  kind, ratio = bound
+  slow = kind == cost_records.AT_LEAST and ratio >= SLOW
+  points = {p: r for p, r in ratios.items() if p != policy}
+  faster = kind == cost_records.AT_MOST and ratio < min(points.values())
+  fastest = policy if faster else min(points, key=points.get)
+  found = PolicyVerdict("cost", slow, ratio, fastest=fastest,
+                        fastest_ratio=ratio if faster else points[fastest],
+                        policy_ratios=points, bound=kind)
+  said = (f"{policy}: this model's step measured {kind} {times(ratio)} float32's time "
+          "here (timing stopped before its calls settled)")
+  if slow:
+    found.text = said
+  else:
+    found.note = said + ("" if faster else ": undecided until the run's own steps")
+  return found
+
+
 def verdict(policy: str, table: dict[str, Any] | None, families, flags: set[str],
             gpu_caps: list[tuple[int, int]], cpu_name: str,
-            step_ms: dict[str, float] | None = None) -> PolicyVerdict:
+            step_ms: dict[str, float] | None = None,
+            bound: tuple[str, float] | None = None) -> PolicyVerdict:
   """What is known about `policy`'s speed here, and on what evidence
   (mpt/records/verdict.py).
 
   `step_ms`: this model's step timed per policy before step 1 (predicted ms/step,
-  mpt/train/before_step1/cost.py), which outranks the kernel table's representative shapes; the
+  mpt/train/before_step1/cost.py; `bound`: the policy's own, where its timing stopped
+  before it settled: (at most | at least, its ratio)), which outranks the kernel table's representative shapes; the
   table then only names the worst op's kernel. Without either (or on a GPU, where the
   table measures nothing), the flags decide."""
   by_flags = hardware.fast_path(policy, flags, gpu_caps, cpu_name)
   ratios = cost_records.ratios(step_ms) if len(step_ms or {}) > 1 else {}
+  if bound and not ratios.get(policy) and ratios:
+    return _bounded(policy, bound, ratios)
   evidence = "cost" if ratios.get(policy) else "probe"
   if evidence == "probe":  # A CPU's table measures nothing a GPU runs.
     ratios = policy_ratios(table, families) if not gpu_caps or _gpu(table) else {}

@@ -24,80 +24,31 @@ from typing import Any, Callable
 from mpt import files
 from mpt.machine import isa
 from mpt.machine import onednn
+from mpt.machine import probe_ops
 from mpt.machine import rates
 
 SCHEMA = 1
 DTYPES = ("float32", "bfloat16", "float16")
-# Op families: a model's layer classes say which of them its training step runs.
-FAMILIES = {
-    "conv": ("Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter",
-             "Conv2DBackpropFilterWithBias"),
-    "depthwise": ("DepthwiseConv2dNative", "DepthwiseConv2dNativeBackpropInput",
-                  "DepthwiseConv2dNativeBackpropFilter"),
-    "matmul": ("MatMul", "MatMul/grad_input", "MatMul/grad_weights"),
-    "batchnorm": ("FusedBatchNormV3", "FusedBatchNormGradV3"),
-    "cast": ("Cast",),
-}
-# Run in the child: every op on small representative shapes, marked in the log.
+# Run in the child: every op of mpt/machine/probe_ops.py, marked in the log, each timed
+# alone by the one timer (its calls after the first within BUDGET_S: oneDNN logs every
+# call, so calls are not interleaved across ops that the log would mix up).
 PROBE = r"""
-import json, statistics, sys, time
+import sys
 from mpt import console  # As mpt imports it (TF_CPP_MIN_LOG_LEVEL=0: all lines).
 console.import_tensorflow()
 import tensorflow as tf
-R = int(sys.argv[1])
-def timed(name, dtype, fn):
-  print(f"MPT-OP {name} {dtype}", flush=True)
-  fn()  # First call: oneDNN creates the primitive (and logs its choice) here.
-  times = []
-  for _ in range(R):
-    start = time.perf_counter(); fn(); times.append((time.perf_counter() - start) * 1e3)
-  print(f"MPT-MS {statistics.median(times)}", flush=True)
+from mpt.machine import probe_ops
+from mpt.measure import timer
+budget = timer.Budget(lambda timings: float(sys.argv[1]) * 1e3, "the op's budget")
 for d in sys.argv[2].split(","):
-  dt = getattr(tf, d)
-  n = lambda *s: tf.cast(tf.random.stateless_normal(s, (1, 2)), dt)
-  x, w, dy = n(8, 32, 32, 32), n(3, 3, 32, 64), n(8, 32, 32, 64)
-  xs, ws = tf.constant([8, 32, 32, 32]), tf.constant([3, 3, 32, 64])
-  st = [1, 1, 1, 1]
-  timed("Conv2D", d, lambda: tf.raw_ops.Conv2D(input=x, filter=w, strides=st, padding="SAME"))
-  timed("Conv2DBackpropInput", d, lambda: tf.raw_ops.Conv2DBackpropInput(
-      input_sizes=xs, filter=w, out_backprop=dy, strides=st, padding="SAME"))
-  timed("Conv2DBackpropFilter", d, lambda: tf.raw_ops.Conv2DBackpropFilter(
-      input=x, filter_sizes=ws, out_backprop=dy, strides=st, padding="SAME"))
-  b = n(64)
-  @tf.function
-  def with_bias():
-    with tf.GradientTape() as tape:
-      tape.watch([w, b])
-      y = tf.nn.bias_add(tf.nn.conv2d(x, w, 1, "SAME"), b)
-    return tape.gradient(y, [w, b], output_gradients=dy)
-  timed("Conv2DBackpropFilterWithBias", d, with_bias)
-  dw, ddy = n(3, 3, 32, 1), n(8, 32, 32, 32)
-  timed("DepthwiseConv2dNative", d, lambda: tf.raw_ops.DepthwiseConv2dNative(
-      input=x, filter=dw, strides=st, padding="SAME"))
-  timed("DepthwiseConv2dNativeBackpropInput", d, lambda:
-        tf.raw_ops.DepthwiseConv2dNativeBackpropInput(input_sizes=xs, filter=dw,
-        out_backprop=ddy, strides=st, padding="SAME"))
-  timed("DepthwiseConv2dNativeBackpropFilter", d, lambda:
-        tf.raw_ops.DepthwiseConv2dNativeBackpropFilter(input=x,
-        filter_sizes=tf.constant([3, 3, 32, 1]), out_backprop=ddy, strides=st,
-        padding="SAME"))
-  a, k, g = n(256, 512), n(512, 512), n(256, 512)
-  timed("MatMul", d, lambda: tf.matmul(a, k))
-  timed("MatMul/grad_input", d, lambda: tf.matmul(g, k, transpose_b=True))
-  timed("MatMul/grad_weights", d, lambda: tf.matmul(a, g, transpose_a=True))
-  one, zero = tf.ones([32]), tf.zeros([32])
-  bn = tf.raw_ops.FusedBatchNormV3(x=x, scale=one, offset=zero, mean=zero,
-                                   variance=one, is_training=True)
-  timed("FusedBatchNormV3", d, lambda: tf.raw_ops.FusedBatchNormV3(
-      x=x, scale=one, offset=zero, mean=zero, variance=one, is_training=True))
-  timed("FusedBatchNormGradV3", d, lambda: tf.raw_ops.FusedBatchNormGradV3(
-      y_backprop=x, x=x, scale=one, reserve_space_1=bn[3], reserve_space_2=bn[4],
-      reserve_space_3=bn[5], is_training=True))
-  if d != "float32":
-    x32 = tf.cast(x, tf.float32)
-    timed("Cast", d, lambda: tf.cast(x32, dt))
+  print("MPT-SETUP", flush=True)  # Building the inputs logs nothing of an op.
+  for name, fn in probe_ops.ops(tf, d).items():
+    print(f"MPT-OP {name} {d}", flush=True)
+    found = timer.run([(name, lambda fn=fn: fn)], calls=budget)[name]
+    print(f"MPT-MS {found.ms}", flush=True)
 print("MPT-TF " + tf.__version__, flush=True)
 """
+BUDGET_S = 1.0  # Each op's calls after its first, in the probe.
 
 
 def parse_probe(text: str) -> dict[str, Any]:
@@ -114,12 +65,16 @@ def parse_probe(text: str) -> dict[str, Any]:
       rows.append(current)
 
   for line in text.splitlines():
-    if line.startswith("MPT-OP "):
+    if line.startswith("MPT-SETUP"):
+      close()
+      current = None
+    elif line.startswith("MPT-OP "):
       close()
       _, op, dtype = line.split(" ")
       current, logged = {"op": op, "dtype": dtype, "ms": None}, []
     elif line.startswith("MPT-MS ") and current is not None:
-      current["ms"] = float(line.split()[1])
+      ms = line.split()[1]
+      current["ms"] = None if ms == "None" else float(ms)
     elif current is not None and line.startswith("onednn_verbose"):
       found = onednn.parse_line(line)
       if found:
@@ -140,13 +95,15 @@ def with_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
   return rows
 
 
-def probe(repeats: int = 3, dtypes=DTYPES, python: str = sys.executable) -> dict[str, Any]:
-  """Measures the table in a child process; the child's failure is a table with a
-  note, never an exception (the run it serves goes on)."""
+def probe(budget_s: float = BUDGET_S, dtypes=DTYPES, python: str = sys.executable
+          ) -> dict[str, Any]:
+  """Measures the table in a child process (each op's calls after its first within
+  `budget_s`); the child's failure is a table with a note, never an exception (the
+  run it serves goes on)."""
   start = time.perf_counter()
   env = {**os.environ, "ONEDNN_VERBOSE": "1", "TF_CPP_MIN_LOG_LEVEL": "0"}
   try:
-    proc = subprocess.run([python, "-c", PROBE, str(repeats), ",".join(dtypes)],
+    proc = subprocess.run([python, "-c", PROBE, str(budget_s), ",".join(dtypes)],
                           capture_output=True, text=True, env=env, timeout=600)
     out, note = proc.stdout, (None if proc.returncode == 0 else
                               "the kernel probe failed: " +

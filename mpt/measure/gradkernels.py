@@ -10,62 +10,45 @@ it is measured in a child process (~10 s) and only read from its cache before st
 Without it, the first call of that step would be spent to learn what one kernel call
 says. So where no table is cached, each family's weight-gradient op (the op a 16-bit
 policy loses most on where a kernel is missing) is timed here, at the probe's shapes,
-once warm and once timed: about 0.1 s on a 2-core Zen 4, about 1.5 s where the
-reference kernel runs. The rows have the kernel table's form (kernel names aside:
+by the one timer (mpt/measure/timer.py) until its calls agree: about 0.2 s on a 2-core
+Zen 4, a few seconds where the reference kernel runs. The rows have the kernel table's form (kernel names aside:
 no ONEDNN_VERBOSE here), so that mpt/machine/fastpath.py reads them as it reads a
 table.
 """
 
-import time
-from typing import Any, Callable
+from typing import Any
 
 import tensorflow as tf
 
 from mpt.machine import kernels
+from mpt.machine import probe_ops
+from mpt.measure import timer
 
 SOURCE = "the weight-gradient kernels timed in this process (no kernel table cached)"
-
-
-def _ops(dtype: tf.DType) -> dict[str, Callable[[], Any]]:
-  """Each family's weight-gradient op at the kernel probe's shapes (kernels.PROBE)."""
-  n = lambda *s: tf.cast(tf.random.stateless_normal(s, (1, 2)), dtype)
-  x, dy, ddy = n(8, 32, 32, 32), n(8, 32, 32, 64), n(8, 32, 32, 32)
-  a, g = n(256, 512), n(256, 512)
-  one = [1, 1, 1, 1]
-  return {
-      "Conv2DBackpropFilter": lambda: tf.raw_ops.Conv2DBackpropFilter(
-          input=x, filter_sizes=tf.constant([3, 3, 32, 64]), out_backprop=dy,
-          strides=one, padding="SAME"),
-      "DepthwiseConv2dNativeBackpropFilter": lambda:
-          tf.raw_ops.DepthwiseConv2dNativeBackpropFilter(
-              input=x, filter_sizes=tf.constant([3, 3, 32, 1]), out_backprop=ddy,
-              strides=one, padding="SAME"),
-      "MatMul/grad_weights": lambda: tf.matmul(a, g, transpose_a=True),
-  }
-
-
-def _timed(fn: Callable[[], Any]) -> float:
-  """ms of one call after a first (where oneDNN creates its primitive)."""
-  fn().numpy()
-  start = time.perf_counter()
-  fn().numpy()
-  return (time.perf_counter() - start) * 1e3
+BUDGET_S = 3.0  # The calls after the first ones, all of them: a reference kernel
+# (~0.7 s a call) still settles.
 
 
 def table(families, dtypes=kernels.DTYPES) -> dict[str, Any]:
   """The kernel table's rows for the weight-gradient op of each of `families`
-  (kernels.FAMILIES' names) under each of `dtypes`, with their ratios to float32's;
-  an op that fails under a dtype is left out (a note says which)."""
-  wanted = {op for f in families for op in kernels.FAMILIES.get(f, ())}
+  (probe_ops.FAMILIES' names) under each of `dtypes`, timed by the one timer (each
+  op's dtypes interleaved, float32 first), with their ratios to float32's; an op that
+  fails under a dtype is left out (a note says which)."""
+  wanted = [op for op in probe_ops.WEIGHT_GRADIENTS
+            if any(op in probe_ops.FAMILIES.get(f, ()) for f in families)]
+  by_dtype = {d: probe_ops.ops(tf, d) for d in dtypes}
   rows, failed = [], []
-  for dtype in dtypes:
-    for op, fn in _ops(getattr(tf, dtype)).items():
-      if op not in wanted:
-        continue
-      try:
-        rows.append({"op": op, "dtype": dtype, "ms": round(_timed(fn), 4)})
-      except (tf.errors.OpError, ValueError, TypeError) as e:
-        failed.append(f"{op} {dtype}: {type(e).__name__}")
+  budget = timer.Budget(lambda timings: BUDGET_S * 1e3, "the kernels' budget")
+  for op in wanted:
+    found = timer.run([(d, lambda d=d: lambda: by_dtype[d][op]().numpy())
+                       for d in dtypes], calls=budget,
+                      catch=(tf.errors.OpError, ValueError, TypeError))
+    for dtype, t in found.items():
+      if t.failed or not t.ms:
+        failed.append(f"{op} {dtype}: {t.stopped}")
+      else:
+        rows.append({"op": op, "dtype": dtype, "ms": round(t.ms, 4),
+                     **({"bound": t.bound} if t.bound else {})})
   found = {"schema": kernels.SCHEMA, "source": SOURCE, "rows": kernels.with_ratios(rows)}
   if failed:
     found["note"] = "not timed: " + ", ".join(failed)

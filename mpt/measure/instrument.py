@@ -92,6 +92,11 @@ class StepTimer(keras.callbacks.Callback):
       self.waits_ms.append(self._wait * 1e3 if i == 0 else 0.0)
       self.timed.append(self.steps - self._first_here > self.warmup_steps)
 
+  @property
+  def here(self) -> list[float]:
+    """The ms of each step since this process (or a new fit) began timing."""
+    return self.durations_ms[self._first_here:]
+
   def rewarm(self) -> None:
     """The next `warmup_steps` steps are warm-up again (a new `fit` of the same run
     may trace its step again)."""

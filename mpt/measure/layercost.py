@@ -9,16 +9,15 @@ class with the same settings and input shapes are timed once: a fresh copy of th
 layer (`from_config`) under each policy, called on random inputs at the run's batch
 already in the policy's compute dtype (the cast into it is priced at the edges), in
 a tf.function that runs its forward pass and the gradients of its inputs and weights.
-Its first call is timed apart; REPEATS calls follow, interleaved across the policies,
-and their median, less one empty tf.function call's dispatch, is the row's ms. A
-16-bit policy whose first call takes more than STOP times float32's stops there (its
-one call is the estimate), and one whose op family the machine's cached kernel table
-(mpt/machine/kernels.py) measured PATHOLOGICAL times float32's is not run at all: its
-time is float32's by that ratio (oneDNN's reference float16 convolution on a
-Sapphire Rapids takes seconds per layer, the kernel table already knows it).
+Its calls are timed by the one timer (mpt/measure/timer.py): interleaved across the
+policies until each settles, its figure less one empty tf.function call's dispatch;
+a policy stopped by its budget is said as the bound it is. A policy whose op family
+the machine's cached kernel table (mpt/machine/kernels.py) measured PATHOLOGICAL
+times float32's is not run at all: its time is float32's by that ratio (oneDNN's
+reference float16 convolution on a Sapphire Rapids takes seconds per layer, the
+kernel table already knows it).
 """
 
-import statistics
 import time
 from typing import Any, Callable
 
@@ -29,11 +28,11 @@ import tensorflow as tf
 from mpt import config
 from mpt.machine import fastpath
 from mpt.measure import observe
+from mpt.measure import timer
 from mpt.records.layers import Edge, LayerCosts, LayerRow
 
 POLICIES = tuple(config.POLICY_DTYPE)
-REPEATS = 5
-STOP = fastpath.STOP  # The step cost's cut-offs, one rule (mpt/machine/fastpath.py).
+ROW_BUDGET_S = 1.0  # Each layer row's calls besides two of float32's.
 CAST_SIZES = (1 << 14, 1 << 22)  # Elements: a cast's fixed cost, and its rate.
 Clock = Callable[[], float]
 
@@ -129,18 +128,16 @@ def _step(layer: keras.layers.Layer, policy: str, spec, batch: int, jit: bool):
   return lambda: step(args, floats)
 
 
-def _timed(run: Callable, clock: Clock) -> float:
-  start = clock()
-  run()
-  return (clock() - start) * 1e3
+def _settled(make: timer.Make, clock: Clock) -> float:
+  """One function's call, ms, by the one timer (`make()` gives it, traced)."""
+  return timer.run([("it", make)], clock=clock)["it"].ms or 0.0
 
 
 def _overhead(clock: Clock) -> float:
   """One call of an empty tf.function, ms: what timing a layer adds to it."""
   x = tf.zeros((8,))
   nothing = tf.function(lambda t: t)
-  nothing(x)
-  return statistics.median(_timed(lambda: nothing(x), clock) for _ in range(20))
+  return _settled(lambda: lambda: nothing(x), clock)
 
 
 def _predicted(cls: str, table: dict | None) -> dict[str, float]:
@@ -152,30 +149,21 @@ def _predicted(cls: str, table: dict | None) -> dict[str, float]:
 
 def _time_row(row: LayerRow, layer, spec, batch: int, jit: bool, table, clock: Clock,
               overhead: float) -> None:
-  """Fills `row.ms` and `row.notes` for every policy, interleaved."""
+  """Fills `row.ms` and `row.notes` for every policy, by the one timer (interleaved,
+  until settled; ROW_BUDGET_S of calls besides two of float32's)."""
   skip = _predicted(row.cls, table)
-  runs, first = {}, {}
-  for policy in POLICIES:
-    if policy in skip:
+  timings = timer.run(
+      [(p, lambda p=p: _step(layer, p, spec, batch, jit)) for p in POLICIES
+       if p not in skip],
+      calls=timer.baseline_budget("float32", 2, ROW_BUDGET_S, "the layer's budget"),
+      clock=clock, catch=(tf.errors.OpError, ValueError, TypeError, NotImplementedError))
+  for policy, t in timings.items():
+    if t.failed or t.ms is None:
+      row.notes[policy] = t.stopped or "not timed"
       continue
-    try:
-      runs[policy] = _step(layer, policy, spec, batch, jit)
-      runs[policy]()  # Traces it and runs it once.
-      first[policy] = _timed(runs[policy], clock)
-    except (tf.errors.OpError, ValueError, TypeError, NotImplementedError) as e:
-      row.notes[policy] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
-      runs.pop(policy, None)
-  f32 = first.get("float32")
-  live = [p for p in runs if p == "float32" or not f32 or first[p] <= STOP * f32]
-  times = {p: [] for p in live}
-  for _ in range(REPEATS):
-    for policy in live:
-      times[policy].append(_timed(runs[policy], clock))
-  for policy in runs:
-    ms = statistics.median(times[policy]) if policy in times else first[policy]
-    row.ms[policy] = round(max(ms - overhead, 0.0), 4)
-    if policy not in times:
-      row.notes[policy] = f"first call > {STOP:g}x float32's: that call is its time"
+    row.ms[policy] = round(max(t.ms - overhead, 0.0), 4)
+    if t.stopped:
+      row.notes[policy] = (f"{t.bound}: " if t.bound else "") + t.stopped
   for policy, ratio in skip.items():
     if row.ms.get("float32") is not None:
       row.ms[policy] = round(row.ms["float32"] * ratio, 4)
@@ -194,8 +182,7 @@ def _casts(clock: Clock, overhead: float) -> dict[str, list[float]]:
       ms = []
       for n in CAST_SIZES:
         x, g = tf.zeros((n,), src), tf.zeros((n,), dst)
-        cast(x, g)
-        ms.append(statistics.median(_timed(lambda: cast(x, g), clock) for _ in range(7)))
+        ms.append(_settled(lambda: lambda: cast(x, g), clock))
       slope = max(ms[1] - ms[0], 0.0) / ((CAST_SIZES[1] - CAST_SIZES[0]) / 1e6)
       found[f"{src}>{dst}"] = [round(max(ms[0] - overhead, 0.0), 4), round(slope, 4)]
   return found
@@ -212,9 +199,7 @@ def _optimizer(model: keras.Model, make_optimizer: Callable[[str], Any],
     if not weights:
       return {}
     update = tf.function(lambda g: opt.apply(g, weights))
-    update(grads)
-    found[policy] = round(statistics.median(
-        _timed(lambda: update(grads), clock) for _ in range(REPEATS)), 4)
+    found[policy] = round(_settled(lambda: lambda: update(grads), clock), 4)
   return found
 
 
@@ -224,7 +209,7 @@ def measure(model: keras.Model, x, batch: int, key: dict[str, Any],
   """Every leaf layer of `model` (called on `x`, a batch of 2) timed under each
   policy at `batch`; `table`: the machine's kernel table (predicts pathological
   rows). Sets the global policy back to what it was."""
-  start, was = clock(), keras.mixed_precision.global_policy().name
+  start, was = clock(), keras.mixed_precision.global_policy()  # The object itself.
   rows, edges, skipped = survey(model, x)
   found = LayerCosts(key, batch, [r for r, _, _ in rows],
                      [Edge(e.producer, e.consumer, e.elements * batch) for e in edges],

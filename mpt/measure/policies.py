@@ -65,8 +65,23 @@ def follows(model: keras.Model) -> dict[int, bool]:
     return {id(l): held[id(l)] is common and resolved(l) is common.default_policy
             for l in layers}
   by_name = common.compute_dtype in SIXTEEN_BIT  # A float32 pin then stands out.
-  return {id(l): held[id(l)] is common or (by_name and held[id(l)].name == common.name)
-          for l in layers}
+  found = {id(l): held[id(l)] is common or (by_name and held[id(l)].name == common.name)
+           for l in layers}
+  # Under float32 a wrapper's copies (a Bidirectional's forward and backward layers,
+  # made from its layer's config) hold a float32 object of their own, as a pin does:
+  # a layer kept by a following layer, and not in a model's graph (where a float32
+  # pin sits), follows with it.
+  todo = [l for l in layers if found[id(l)]]
+  while todo:
+    parent = todo.pop()
+    graph = {id(l) for l in getattr(parent, "layers", [])} \
+        if isinstance(parent, keras.Model) else set()
+    for child in fused_bn.held(parent):
+      if (id(child) in found and not found[id(child)] and id(child) not in graph
+          and resolved(child).name == resolved(parent).name):
+        found[id(child)] = True
+        todo.append(child)
+  return found
 
 
 @contextlib.contextmanager

@@ -109,7 +109,7 @@ def measure(sizes: list[int], dtypes: list[str], quick: bool,
   # with ONEDNN_VERBOSE on); training runs read it from the cache for their warning.
   if kernel_table:
     with console.phase("microbench: kernels per op and dtype (ONEDNN_VERBOSE probe)"):
-      out["kernels"] = kernels.probe(repeats=1 if quick else 3, python=python)
+      out["kernels"] = kernels.probe(budget_s=0.3 if quick else kernels.BUDGET_S, python=python)
   for row in out["throughput"]:
     # TensorFlow's ops ran where the ceilings' estimate applies (the GPU when there is
     # one); numpy's always on the CPU.

@@ -103,11 +103,18 @@ def all_layers(model: keras.Model) -> list[keras.layers.Layer]:
       continue
     seen.add(id(layer))
     found.append(layer)
-    todo += list(getattr(layer, "layers", []) or [])
-    for value in vars(layer).values():
-      held = list(value.values()) if isinstance(value, dict) else \
-          list(value) if isinstance(value, (list, tuple)) else [value]
-      todo += [v for v in held if isinstance(v, keras.layers.Layer) and v is not layer]
+    todo += list(getattr(layer, "layers", []) or []) + held(layer)
+  return found
+
+
+def held(layer: keras.layers.Layer) -> list[keras.layers.Layer]:
+  """The layers `layer` keeps as attributes, alone or in a list, tuple or dict (a
+  model's graph layers among them)."""
+  found = []
+  for value in vars(layer).values():
+    values = list(value.values()) if isinstance(value, dict) else \
+        list(value) if isinstance(value, (list, tuple)) else [value]
+    found += [v for v in values if isinstance(v, keras.layers.Layer) and v is not layer]
   return found
 
 

@@ -25,6 +25,13 @@ from mpt.records.gpu import GpuKernelTable
 
 SCHEMA = 1
 POLICIES = tuple(config.POLICY_DTYPE)  # float32 first: the baseline measures first.
+# What a timing stopped before it settled says of its figure (mpt/measure/timer.py):
+# its steady step is at most, or at least, that.
+AT_MOST, AT_LEAST = "at most", "at least"
+# A oneDNN setting must measure this much faster than TF's default to replace it (the
+# command line's choice, mpt/train/before_step1/onednn_choice.py) or to be advised (a
+# script's, mpt/measure/rewrite.py).
+ONEDNN_MARGIN = 0.05
 # A run of fewer steps costs about as much as measuring its step per policy (three
 # traces and first calls, a dozen steps): neither the cost nor the oneDNN choice is
 # measured for it.
@@ -33,15 +40,21 @@ MIN_RUN_STEPS = 20
 
 @dataclasses.dataclass
 class PolicyCost:
-  """One policy's step, timed at the run's batch."""
+  """One policy's step, timed at the run's batch by the one timer
+  (mpt/measure/timer.py)."""
   policy: str
-  ms_per_step: float | None = None  # Median of the timed steps (None: not timed).
-  first_ms: float | None = None     # The first call (tracing excluded) ...
-  second_ms: float | None = None    # ... and the second, still warming up.
-  trace_s: float | None = None      # Tracing and building the step.
-  steps_timed: int = 0
-  # Why timing stopped early ("first step > 5x float32's"), failed, or was not done
-  # (predicted from the kernel table); None: complete.
+  # Settled: the median of its last calls; a bound's value where `bound` says so; the
+  # kernel table's prediction where `predicted`; None: not timed.
+  ms_per_step: float | None = None
+  first_ms: float | None = None  # The first call (its graph optimised: the trace's).
+  trace_s: float | None = None  # Tracing and building the step.
+  steps_timed: int = 0  # Calls timed after the first.
+  spread: float | None = None  # Of its last calls: (max - min) / median.
+  # "at most" / "at least": timing stopped before its calls settled, and that is all
+  # its figure says (mpt/measure/timer.py); None: a figure.
+  bound: str | None = None
+  # Why timing stopped before its calls settled, failed, or was not done (predicted
+  # from the kernel table, a budget spent); None: settled.
   stopped: str | None = None
   # A per-layer plan over the policy (--layer_policy's value); "": the uniform policy.
   layer_policy: str = ""
@@ -49,6 +62,22 @@ class PolicyCost:
   finite: bool = True  # The loss of every call timed was finite.
   # The XLA setting where it is not the run's (--jit_compile's other), else None.
   jit_compile: bool | None = None
+  # Where the run's own steps replaced the figure timed before step 1: the run, both
+  # figures (said in the diagnosis); and the figure as timed. None: as timed.
+  from_run: str | None = None
+  timed_ms: float | None = None
+
+  # Not timed because measuring it would pass the share of a run of this many planned
+  # steps (mpt/train/before_step1/cost.py); None: not skipped so.
+  skipped_at: int | None = None
+
+  def known_for(self, planned_steps: int | None) -> bool:
+    """Whether a run of `planned_steps` (None: any length) has nothing more to time
+    here: a figure, a bound, a prediction, a failure, or a skip for a run at least as
+    long (a longer run can pay for timing it)."""
+    return (self.ms_per_step is not None or (self.stopped or "").startswith("failed")
+            or bool(self.skipped_at and planned_steps
+                    and planned_steps <= self.skipped_at))
 
 
 @dataclasses.dataclass
@@ -62,7 +91,8 @@ class Cost(typed.Record):
   source: str = "measured"  # measured | cache: PATH | recorded: PATH
   schema: int = SCHEMA
   # What each candidate ran: mpt's train step on random inputs (the command line), or
-  # a script's model on its first batch with its compiled loss or a stand-in.
+  # the step a script's program runs, on a batch it fed (mpt/train/before_step1/
+  # scriptcost.py).
   timed: str = "mpt's train step on random inputs of the run's shape"
   # On a GPU: the kernel table from the step profiled per policy, or why there is none.
   gpu_kernels: GpuKernelTable | None = None
@@ -75,9 +105,19 @@ class Cost(typed.Record):
                 None)
 
   def predicted(self) -> dict[str, float]:
-    """{policy: predicted ms/step} for the uniform policies measured."""
+    """{policy: predicted ms/step} for the uniform policies with a figure (a bound is
+    not one: `bounds`)."""
     return {p.policy: p.ms_per_step for p in self.policies
-            if p.ms_per_step and not p.layer_policy and p.jit_compile is None}
+            if p.ms_per_step and not p.bound and not p.layer_policy
+            and p.jit_compile is None}
+
+  def bounds(self) -> dict[str, tuple[str, float]]:
+    """{policy: (its bound, "at most" or "at least", its time over float32's)} for the
+    uniform policies whose timing stopped before it settled."""
+    base = self.predicted().get("float32")
+    return {p.policy: (p.bound, p.ms_per_step / base) for p in self.policies
+            if p.bound and p.ms_per_step and base and not p.layer_policy
+            and p.jit_compile is None}
 
   def plans(self) -> list[PolicyCost]:
     """The per-layer plans timed beside the uniform policies."""
@@ -100,6 +140,13 @@ class OnednnChoice(typed.Record):
   # measuring them cost (wall seconds, the children's TF imports included).
   measured_ms: dict[str, float] = dataclasses.field(default_factory=dict)
   seconds: float = 0.0
+  # What `measured_ms` are of: the command line's step, or a script's op families'
+  # kernels (mpt/measure/rewrite.py).
+  measured: str = "this model's step"
+  # What a cached choice is valid for (records/keyed.py): the machine and the model
+  # family; {} where it is not cached.
+  key: dict[str, Any] = dataclasses.field(default_factory=dict)
+  source: str = "measured"
 
 
   def label(self) -> str:
@@ -129,7 +176,8 @@ def times(ratio: float) -> str:
 
 def one_line(cost: Cost, onednn: str) -> str:
   """`mpt: cost here, oneDNN's rewrite ..., measured in ...: float32 ~200 ms/step,
-  mixed_float16 ~740 (3.7x), ...`"""
+  mixed_float16 ~740 (3.7x), mixed_bfloat16 at most ~3,108 (at most 8.7x: timing
+  stopped ...)`."""
   base, parts = cost.predicted().get("float32"), []
   for p in cost.policies:
     name = p.policy + (f" with {p.layer_policy}" if p.layer_policy else "") + (
@@ -139,12 +187,14 @@ def one_line(cost: Cost, onednn: str) -> str:
       parts.append(f"{name} ? ({p.stopped or 'not measured'})")
       continue
     ms = f"~{p.ms_per_step:,.0f}" if p.ms_per_step >= 10 else f"~{p.ms_per_step:.1f}"
+    bound = f"{p.bound} " if p.bound else ""
     if p.policy == "float32" and not p.layer_policy and p.jit_compile is None:
-      parts.append(f"{name} {ms} ms/step")
-    else:
-      how = (", predicted from the kernel table" if p.predicted else
-             ", timing stopped early" if p.stopped else "")
-      parts.append(f"{name} {ms} ({times(p.ms_per_step / base if base else 0)}{how})")
+      parts.append(f"{name} {bound}{ms} ms/step")
+      continue
+    ratio = f"{bound}{times(p.ms_per_step / base)}" if base else "?"
+    how = ("predicted from the kernel table" if p.predicted else p.stopped.split(":")[0]
+           if p.stopped else "")
+    parts.append(f"{name} {bound}{ms} ({ratio}{': ' + how if how else ''})")
   how = (f"measured in {cost.seconds:.1f} s at batch {cost.batch}"
          if cost.source == "measured" else cost.source)
   return f"mpt: cost here, oneDNN's rewrite {onednn}, {how}: " + ", ".join(parts)

@@ -8,6 +8,8 @@ whether each scaled its loss) and by anyone reading the run folder.
 
 import dataclasses
 
+from mpt.records.cost import Cost
+
 APIS = ("mpt.callbacks", "mpt.track")
 
 
@@ -37,6 +39,10 @@ class Fit:
   steps_per_epoch: int | None = None  # Keras' count, None where the data has no length.
   steps: int = 0  # Run.
   epochs_completed: int = 0
+  # Its step timed per policy at its warm-up's end (mpt/train/before_step1/scriptcost.py;
+  # the run's `cost` is its last fit's), and the median of its own timed steps.
+  cost: Cost | None = None
+  ms_per_step: float | None = None
 
 
 @dataclasses.dataclass

@@ -35,6 +35,9 @@ class PolicyVerdict:
   # step cost's (evidence "cost": summary.json keeps those in `cost` only).
   policy_ratios: dict[str, float] = dataclasses.field(default_factory=dict)
   text: str | None = None  # The one-line warning printed before step 1, or None.
+  # "at least" / "at most": its step's timing stopped before it settled, and `ratio`
+  # is that bound (mpt/measure/timer.py); None: a figure.
+  bound: str | None = None
   source: str | None = None  # Where the table or timing came from.
   note: str | None = None  # The kernel table's note (a stand-in, a failed probe).
   # On a GPU, from its kernel table: the 16-bit policy's share of eligible kernel

@@ -286,7 +286,9 @@ def test_sapphire_rapids_float32_is_told_mixed_bfloat16_is_faster(runs):
                             "float32 by the kernel probe's representative shapes (this "
                             "model's step was not timed)")
   assert found["severity"] == "low" and found["based_on"] == ["probe"]
-  assert found["next_step"] == rerun(runs / "f32_custom", "mixed_bfloat16")
+  assert found["next_step"] == ("time mixed_bfloat16 next to this run before "
+                                "switching to it: " + rerun(runs / "f32_custom",
+                                                            "mixed_bfloat16"))
   # With a trace, the expected speed-up counts only the probed ops' share of it.
   stats = json.loads((runs / "bf16_seed" / "op_stats.json").read_text())
   ev = evidence(runs, "f32_custom", op_stats=stats, policy_verdict=kernels_block("spr", "float32"))

@@ -103,3 +103,22 @@ def test_a_plan_written_by_mpt_is_applied_by_keras_alone(tmp_path):
   assert _computed(_net()) == {"conv": "bfloat16", "bn": "float32", "gap": "bfloat16",
                                "dense": "bfloat16", "probs": "float32"}
   assert "set_global_policy" in speech.apply_line(where)
+
+
+def test_under_float32_a_wrappers_copies_follow_and_a_pin_in_the_graph_does_not():
+  """A Bidirectional makes its forward and backward LSTMs from its layer's config:
+  float32 objects of their own, as the float32 output pin has. Built under float32
+  (one policy object), a 16-bit switch reaches the copies (they follow their
+  wrapper), not the pin (a layer of the model's graph)."""
+  keras.mixed_precision.set_global_policy("float32")
+  inputs = keras.Input((None,), dtype="int32")
+  h = keras.layers.Embedding(30, 8)(inputs)
+  h = keras.layers.Bidirectional(keras.layers.LSTM(8), name="bi")(h)
+  model = keras.Model(inputs, keras.layers.Dense(1, dtype="float32", name="pin")(h))
+  bi = model.get_layer("bi")
+  assert bi.forward_layer.dtype_policy is not model.dtype_policy  # As described.
+  with policies.switched(model, policies.uniform("mixed_bfloat16")):
+    assert {bi.forward_layer.compute_dtype, bi.backward_layer.compute_dtype,
+            bi.forward_layer.cell.compute_dtype} == {"bfloat16"}
+    assert model.get_layer("pin").compute_dtype == "float32"
+  assert bi.forward_layer.compute_dtype == "float32"

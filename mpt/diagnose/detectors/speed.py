@@ -9,6 +9,7 @@ from mpt.diagnose.evidence import Evidence
 from mpt.diagnose.findings import Finding, x
 from mpt.diagnose.thresholds import HIGH_LOSS, ONEDNN_MARGIN, SLOWER_THAN_FLOAT32
 from mpt.diagnose.thresholds import XLA_MARGIN
+from mpt.records.cost import OnednnChoice
 from mpt.machine import hardware as hardware_lib
 
 SIXTEEN = hardware_lib.SIXTEEN
@@ -89,15 +90,21 @@ def onednn(ev: Evidence) -> Finding | None:
   loss = ms[ran] / ms[other]
   if loss < 1 + ONEDNN_MARGIN:
     return None
+  step = (f"{ev.rerun(s.policy)} --onednn={other}" if not s.script else
+          f"put `import os; os.environ[\"TF_ENABLE_ONEDNN_OPTS\"] = "
+          f"\"{1 if other == 'on' else 0}\"` at the top of your script, before TensorFlow "
+          "is imported, and rerun it with a new run folder")
+  whole = choice.measured == OnednnChoice.measured  # The step, not its kernels.
+  digits, unit = (0, "ms/step") if whole else (1, "ms")
   return Finding(
       "onednn", "high" if loss >= HIGH_LOSS else "medium", 1 - 1 / loss,
       f"TF's oneDNN rewrite was {ran}, measured {x(loss)} slower than {other} here",
       f"the setting the run trained with measured >= {1 + ONEDNN_MARGIN:g}x the other "
-      f"for this model's step before step 1",
-      [f"this model's step measured ~{ms['on']:.0f} ms/step with the rewrite on, "
-       f"~{ms['off']:.0f} off; the run had it {ran} ({choice.why or '?'}; "
+      f"for {choice.measured} {'before' if whole else 'after'} step 1",
+      [f"{choice.measured} measured ~{ms['on']:,.{digits}f} {unit} with the rewrite "
+       f"on, ~{ms['off']:,.{digits}f} off; the run had it {ran} ({choice.why or '?'}; "
        f"TF_ENABLE_ONEDNN_OPTS={s.tf_enable_onednn_opts or 'unset'})"],
-      f"{ev.rerun(s.policy)} --onednn={other}", ["step cost"], None)
+      step, ["step cost" if whole else "probe"], None)
 
 
 def xla_steps(ev: Evidence) -> tuple[float, float] | None:

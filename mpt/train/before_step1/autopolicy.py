@@ -37,8 +37,25 @@ PlanTimer = Callable[[Plan], tuple[PolicyCost | None, PolicyCost | None]]
 
 
 def _candidate(row: PolicyCost, base_ms: float | None) -> Candidate:
-  return Candidate(row.policy, dropped=row.stopped,
+  """A row as a candidate: one without a figure (a bound, a prediction, a failure)
+  is dropped, with why; a figure whose calls did not settle stands, its note said."""
+  figure = row.ms_per_step and not row.bound and not row.predicted
+  return Candidate(row.policy, dropped=None if figure else row.stopped,
                    layer_policy=row.layer_policy).timed_by(row, base_ms)
+
+
+def _faster_bound(best: Candidate, rows: list[Candidate], cost: Cost,
+                  unsafe: dict[str, str]) -> Candidate:
+  """`best`, or a candidate whose timing stopped at most below `best`'s figure: it is
+  faster whatever its steady step (the one bound that decides the choice)."""
+  faster = [r for r in rows if cost.of(r.policy) and r.policy not in unsafe
+            and cost.of(r.policy).bound == cost_records.AT_MOST and r.finite
+            and r.ms_per_step and r.ms_per_step < best.ms_per_step]
+  if not faster:
+    return best
+  chosen = min(faster, key=lambda r: r.ms_per_step)
+  chosen.dropped = None
+  return chosen
 
 
 def _kernels(rows: list[Candidate], kernels: GpuKernelTable | None) -> None:
@@ -100,7 +117,7 @@ def choose(cost: Cost | None, plan_for: Callable[[str], Plan | None] | None = No
   if not usable:
     return "float32", "", PolicyChoice("auto", "float32", 0, rows, seconds,
                                        note="no policy's step could be timed: float32 kept")
-  best = min(usable, key=lambda r: r.ms_per_step)
+  best = _faster_bound(min(usable, key=lambda r: r.ms_per_step), rows, cost, unsafe or {})
   extra, layer_policy, note = _plan(best, plan_for(best.policy) if plan_for else None,
                                     time_plan, base)
   rows += extra

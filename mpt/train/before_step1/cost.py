@@ -10,12 +10,13 @@ layers switched to the candidate's policies (mpt/measure/policies.py: the graph
 keeps the dtypes it was traced with), so a script's model, which mpt cannot
 rebuild, is timed by the same `time_candidates` (mpt/train/before_step1/scriptcost.py).
 
-`time_candidates` times each policy's first and second call, then TIMED_STEPS,
-interleaved. A 16-bit policy's timing stops early where clearly slow: after a first
-call over STOP times float32's (its estimate: that call less float32's first-call
-overhead), or a second call over STOP times float32's (its estimate: scaled as
-float32 warmed up), or where its next timed step would pass the budget (second calls
-and timed steps: two of float32's steps and BUDGET_S more). A policy whose ops the machine's cached kernel table
+`time_candidates` times them by the one timer (mpt/measure/timer.py): float32 first,
+then the run's own policy, then the others, interleaved, each until its last calls
+agree; a candidate stopped by the budget is a bound ("at most 8.7x float32's time"),
+never an estimate. The budget: the calls after the first ones may take two of
+float32's steps and BUDGET_S more, and the whole measurement, traces included, at
+most SHARE of the training the run plans (its planned steps at the step's time).
+A policy whose ops the machine's cached kernel table
 measured PATHOLOGICAL times float32's is not run unless it is the run's own: its step
 is float32's by that ratio (a mixed_float16 step of the seed convnet takes 13-17 s on
 a Sapphire Rapids; the table knows). Where no table is cached, the model's
@@ -36,8 +37,8 @@ before TensorFlow is imported).
 
 import dataclasses
 import math
+import os
 import pathlib
-import statistics
 import sys
 import time
 from typing import Any, Callable
@@ -52,6 +53,7 @@ from mpt.machine import isa
 from mpt.machine import kernels
 from mpt.measure import gradkernels
 from mpt.measure import policies
+from mpt.measure import timer
 from mpt.records import cost as cost_lib
 from mpt.records import keyed
 from mpt.records.cost import Cost, PolicyCost
@@ -62,19 +64,20 @@ from mpt.train.common import precision
 from mpt.train.common import steps as steps_lib
 
 ENV = "MPT_COST"
-STOP = fastpath.STOP  # a 16-bit call this many times float32's: timing stops there
+ALWAYS = "always"
 PATHOLOGICAL = fastpath.PATHOLOGICAL  # a kernel table ratio: predicted, not run
-TIMED_STEPS = 2  # steps timed after the first two calls
-# Seconds of second calls and timed steps allowed besides two of float32's steps (a
-# candidate's first call optimises its graph: it counts as its trace); a candidate
-# not done by then is estimated from the calls it made.
+# Milliseconds of calls after the first ones allowed besides two of float32's steps (a
+# candidate's first call optimises its graph: it counts as its trace).
 BUDGET_S = 5.0
+SHARE = 0.10  # Of the training a run plans: what measuring its step may take.
 MIN_RUN_STEPS = cost_lib.MIN_RUN_STEPS
 F32 = ("float32", "", None)  # A candidate: (policy, layer_policy, XLA where not the run's).
+ERRORS = (tf.errors.OpError, ValueError, TypeError, errors.UserError)
 Clock = Callable[[], float]
 Key = tuple  # (policy, layer_policy, jit_compile or None)
-# A candidate traced: (its step run once, returning ms; its row).
-Make = Callable[[Key], tuple[Callable[[], float], PolicyCost]]
+# Traces a candidate: a function that runs its step once and waits for it; it marks
+# the candidate's key in the set it is given where its loss is not finite.
+Make = Callable[[Key, set], timer.Call]
 Table = Callable[[list[str]], dict | None]  # Op families -> a kernel table, or None.
 
 
@@ -84,7 +87,7 @@ def _images(cfg: config.Config, batch: int) -> tuple[tf.Tensor, tf.Tensor]:
           tf.zeros((batch,), tf.int64))
 
 
-def stepper(cfg: config.Config, model: keras.Model, batch: int, clock: Clock) -> Make:
+def stepper(cfg: config.Config, model: keras.Model, batch: int) -> Make:
   """The command line's candidates over one built `model`: for a key (policy,
   layer_policy's plan over it, the XLA setting where it is not the run's), mpt's
   compiled train step (mpt/train/common/steps.py) with its own optimizer and loss scaling,
@@ -92,9 +95,8 @@ def stepper(cfg: config.Config, model: keras.Model, batch: int, clock: Clock) ->
   them; the model is given back as it was built)."""
   images, labels = _images(cfg, batch)
 
-  def make(key: Key) -> tuple[Callable[[], float], PolicyCost]:
+  def make(key: Key, infinite: set) -> timer.Call:
     policy, layer_policy, jit = key
-    start = clock()
     pairs = config.layer_policies(layer_policy)
     with policies.switched(model, policies.uniform(policy, pairs)):
       scaled = config.scales_loss(dataclasses.replace(cfg, policy=policy,
@@ -105,22 +107,18 @@ def stepper(cfg: config.Config, model: keras.Model, batch: int, clock: Clock) ->
                              jit_compile=cfg.jit_compile if jit is None else jit,
                              global_batch=batch)
       step.train_step.get_concrete_function(images, labels)
-    row = PolicyCost(policy, trace_s=round(clock() - start, 3),
-                     layer_policy=layer_policy, jit_compile=jit)
-    return timer(lambda: step.train_step(images, labels)["loss"], row, clock), row
+    return waited(lambda: step.train_step(images, labels)["loss"], key, infinite)
 
   return make
 
 
-def timer(run: Callable[[], Any], row: PolicyCost, clock: Clock) -> Callable[[], float]:
-  """One call of `run` timed in ms, its result read back (waits for the work); a
-  non-finite result marks `row`."""
-  def timed() -> float:
-    begin = clock()
-    loss = float(run())
-    row.finite = row.finite and math.isfinite(loss)
-    return round((clock() - begin) * 1e3, 3)
-  return timed
+def waited(run: Callable[[], Any], key: Key, infinite: set) -> timer.Call:
+  """One call of `run` with its result read back (waits for the work); a non-finite
+  loss puts `key` in `infinite`."""
+  def call() -> None:
+    if not math.isfinite(float(run())):
+      infinite.add(key)
+  return call
 
 
 def kernel_table(families) -> dict | None:
@@ -140,37 +138,17 @@ def pathological(model: keras.Model, table: Table = kernel_table) -> dict[str, f
   return fastpath.pathological(table(families), families)
 
 
-def _stop(row: PolicyCost, f32: PolicyCost | None) -> bool:
-  """Whether `row`'s policy is clearly > STOP x float32's after its first or second
-  call; if so its estimate and why are filled in."""
-  if f32 is None or row is f32:
-    return False
-  if row.second_ms is None and row.first_ms > STOP * f32.first_ms:
-    row.stopped = f"first call > {STOP:g}x float32's: timing stopped there"
-  elif row.second_ms is not None and f32.second_ms and (
-      row.second_ms > STOP * f32.second_ms):
-    row.stopped = f"second call > {STOP:g}x float32's: timing stopped there"
-  return bool(row.stopped)
-
-
-def _estimate(row: PolicyCost, f32: PolicyCost) -> float:
-  """A stopped policy's ms/step from the call it stopped at, by float32's calls."""
-  if row.second_ms is None:  # Less float32's first-call overhead (graph optimisation).
-    return max(row.first_ms - (f32.first_ms - f32.ms_per_step), f32.ms_per_step)
-  return row.second_ms * f32.ms_per_step / f32.second_ms  # As float32 warmed up.
-
-
 def measure(cfg: config.Config, build: Callable[[], keras.Model],
             policies=cost_lib.POLICIES, clock: Clock = time.perf_counter,
-            base: PolicyCost | None = None, gpu: bool | None = None,
-            plans: tuple[tuple[str, str], ...] = (), table: Table = kernel_table
-            ) -> Cost:
+            gpu: bool | None = None, plans: tuple[tuple[str, str], ...] = (),
+            table: Table = kernel_table, planned_steps: int | None = None) -> Cost:
   """Times the model's step under `policies` and the per-layer `plans` ((policy,
   layer_policy) pairs) in this process, over one model built once under float32
-  (`time_candidates`). `base`: float32's row from an earlier measurement, not timed
-  again. `table(families)`: the machine's kernel table (`kernel_table`); a policy it
-  marks pathological is predicted from it, not run, unless it is the run's own. `gpu`: profile each
-  policy's step into the kernel table (default: where TF sees a GPU)."""
+  (`time_candidates`; float32 is always timed: it is the baseline). `table(families)`:
+  the machine's kernel table (`kernel_table`); a policy it marks pathological is
+  predicted from it, not run, unless it is the run's own. `gpu`: profile each policy's
+  step into the kernel table (default: where TF sees a GPU). `planned_steps`: the
+  run's, for the budget (None: not known)."""
   batch = cost_lib.device_batch(cfg)
   onednn = keras_fit.onednn_rewrite_on()
   found = Cost(cost_lib.key_for(cfg, onednn, isa.detect()), onednn, batch)
@@ -181,23 +159,22 @@ def measure(cfg: config.Config, build: Callable[[], keras.Model],
   # Built under a 16-bit policy, so that a layer the model pins to float32 (its
   # softmax) stands out from those that follow the policy (mpt/measure/policies.py).
   precision.set_policy("mixed_bfloat16")
-  order = [(p, "", None) for p in policies if p != "float32"] + [
+  order = [F32] + [(p, "", None) for p in policies if p != "float32"] + [
       (*p, None)[:3] for p in plans]
   try:
     model = build()
-  except (tf.errors.OpError, ValueError, TypeError, errors.UserError) as e:
+  except ERRORS as e:
     precision.set_policy("float32")
-    found.policies = [PolicyCost(k[0], stopped=_failed(e), layer_policy=k[1],
-                                 jit_compile=k[2]) for k in [F32] + order]
+    found.policies = [PolicyCost(k[0], stopped=timer.failure(e), layer_policy=k[1],
+                                 jit_compile=k[2]) for k in order]
     return found
-  make = stepper(cfg, model, batch, clock)
   steps: dict = {}
-  found.policies = time_candidates([F32] + order, _remembering(make, steps),
-                                   pathological(model, table), cfg.policy, base, clock)
+  found.policies = time_candidates(order, _remembering(stepper(cfg, model, batch), steps),
+                                   pathological(model, table), cfg.policy, clock,
+                                   planned_steps)
   if gpu if gpu is not None else tf.config.list_logical_devices("GPU"):
-    ran = {k[0]: steps[k] for k, row in zip([F32] + order, found.policies)
-           if k in steps and not k[1] and k[2] is None
-           and not (row.stopped or "").startswith("failed")}
+    ran = {k[0]: steps[k] for k, row in zip(order, found.policies)
+           if k in steps and not k[1] and k[2] is None and row.ms_per_step}
     found.gpu_kernels, found.gpu_kernels_note = gpu_steps.kernel_table(ran)
   precision.set_policy("float32")
   keras.backend.clear_session()  # The timed model's memory freed before the run's.
@@ -206,117 +183,94 @@ def measure(cfg: config.Config, build: Callable[[], keras.Model],
 
 
 def _remembering(make: Make, steps: dict) -> Make:
-  """`make`, keeping each candidate's step function in `steps` (the GPU profile
-  runs them again)."""
-  def made(key: Key):
-    timed, row = make(key)
-    steps[key] = timed
-    return timed, row
+  """`make`, keeping each candidate's step in `steps` (the GPU profile runs them
+  again)."""
+  def made(key: Key, infinite: set) -> timer.Call:
+    steps[key] = make(key, infinite)
+    return steps[key]
   return made
 
 
+def budgets(planned_steps: int | None, own: Key) -> tuple[timer.Budget, timer.Budget]:
+  """(the calls' budget, the whole measurement's) of a step's timing: after the first
+  calls, two of float32's steps and BUDGET_S more; in all, SHARE of the run's planned
+  steps at the run's own step (float32's until its own is timed); no share where the
+  run's length is not known."""
+  def share(timings: dict) -> float:
+    ms = timer.latest(timings.get(own)) or timer.latest(timings.get(F32))
+    return SHARE * planned_steps * ms if planned_steps and ms else math.inf
+
+  calls = timer.baseline_budget(F32, 2, BUDGET_S, f"the budget (2 of float32's steps "
+                                f"and {BUDGET_S:g} s after the first calls)")
+  return calls, timer.Budget(share, f"{SHARE:.0%} of the run's planned training")
+
+
 def time_candidates(order: list[Key], make: Make, skip: dict[str, float], own: str,
-                    base: PolicyCost | None = None, clock: Clock = time.perf_counter
+                    clock: Clock = time.perf_counter, planned_steps: int | None = None
                     ) -> list[PolicyCost]:
-  """Each candidate's row, in `order` (float32 first), timed interleaved: every
-  candidate's first call, then every second call, then TIMED_STEPS rounds, so that
-  the machine's ups and downs fall on every candidate alike; the one timing before
-  step 1, of the command line's model and of a script's. `make(key)` traces a
-  candidate: (a function that runs its step once and returns its ms, its row).
-  `skip`: {policy: the kernel table's ratio} of the policies predicted, not run,
-  unless `own` (the run's policy). `base`: float32's row, measured earlier."""
-  rows, steps = {}, {}
+  """Each candidate's row, in `order` (float32 first), timed by the one timer
+  (mpt/measure/timer.py), the run's own policy right after float32; the one timing
+  before step 1, of the command line's model and of a script's. `make(key, infinite)`
+  traces a candidate. `skip`: {policy: the kernel table's ratio} of the policies
+  predicted, not run, unless `own` (the run's policy)."""
+  own_key = next((k for k in order if k[0] == own and not k[1]), F32)
+  timed = [k for k in order if k[0] not in skip or k[0] == own]
+  timed = [F32] + [own_key] * (own_key != F32) + [
+      k for k in timed if k not in (F32, own_key)]
+  infinite: set = set()
+  calls, total = budgets(planned_steps, own_key)
+  timings = timer.run([(k, lambda k=k: make(k, infinite)) for k in timed], calls=calls,
+                      total=total, clock=clock, catch=ERRORS)
+  rows = {k: _row(k, t, k not in infinite) for k, t in timings.items()}
+  for row in rows.values():
+    if row.stopped == f"not timed: {total.words} was spent":
+      _unpaid(row, planned_steps, timings)
+  f32 = rows[F32]
   for key in order:
-    if key == F32 and base is not None:
-      rows[key] = base
-    elif key[0] in skip and key[0] != own:
-      rows[key] = _predicted_row(key, skip[key[0]])
-    else:
-      try:
-        steps[key], rows[key] = make(key)
-      except (tf.errors.OpError, ValueError, TypeError, errors.UserError) as e:
-        rows[key] = PolicyCost(key[0], stopped=_failed(e), layer_policy=key[1],
-                               jit_compile=key[2])
-  f32 = rows[F32] if rows[F32].stopped is None else None
-  times = _rounds(order, steps, rows, f32, clock)
-  _settle(rows, times, f32, skip)
+    if key not in rows:
+      rows[key] = _predicted_row(key, skip[key[0]], f32)
   return [rows[k] for k in order]
 
 
-def _rounds(order: list, steps: dict, rows: dict, f32: PolicyCost | None,
-            clock: Clock) -> dict:
-  """Every candidate's first call (float32's first), then every second call, then
-  TIMED_STEPS rounds: {candidate: its timed ms}; a candidate stops where `_stop` or
-  a failure says (float32's failure stops them all), or where its next timed step
-  would pass the budget: the second calls and timed steps may take two of float32's
-  steps and BUDGET_S more. First and second calls are the trace's (graph
-  optimisation, kernel set-up: one each per candidate, bounded by `_stop`'s STOP x
-  float32's): a first call says little of the step (EfficientNetB0's float16 first
-  call took 12.1 s, its steps 0.46 s, on a Zen 4)."""
-  times: dict = {}
-  live = [k for k in order if k in steps and (f32 is not None or k == F32)]
-  spent, allowed = 0.0, math.inf
-  if F32 not in steps and rows[F32].second_ms:  # float32's row measured earlier.
-    allowed = 2 * rows[F32].second_ms + BUDGET_S * 1e3
-  for phase in ["first_ms", "second_ms"] + ["timed"] * TIMED_STEPS:
-    for key in list(live):
-      if key not in live:  # float32 failed earlier in this round.
-        continue
-      if key != F32 and phase == "timed" and spent + (
-          times.get(key) or [rows[key].second_ms])[-1] > allowed:
-        rows[key].stopped = rows[key].stopped or (
-            f"the budget before step 1 (2 of float32's steps + {BUDGET_S:g} s of "
-            "second calls and timed steps) was spent: timing stopped there")
-        live.remove(key)
-        continue
-      try:
-        ms = steps[key]()
-      except (tf.errors.OpError, ValueError) as e:
-        rows[key].stopped = _failed(e)
-        live = [] if key == F32 else [k for k in live if k != key]
-        continue
-      spent += ms if phase != "first_ms" else 0.0  # Second calls and timed steps.
-      if phase == "timed":
-        times.setdefault(key, []).append(ms)
-      else:
-        setattr(rows[key], phase, ms)
-      if key == F32 and phase == "second_ms":
-        allowed = 2 * ms + BUDGET_S * 1e3
-      if _stop(rows[key], f32 if key != F32 else None):
-        live.remove(key)
-  return times
+def _unpaid(row: PolicyCost, planned_steps: int, timings: dict) -> None:
+  """A policy the share left untimed: said with the run's figures; a later run of
+  no more steps reads it as known (`skipped_at`), a longer one times it."""
+  ms = timer.latest(timings[F32]) or 0.0
+  row.skipped_at = planned_steps
+  row.stopped = (f"not timed: {SHARE:.0%} of the run's planned training ({planned_steps} "
+                 f"steps of ~{ms:,.0f} ms: {SHARE * planned_steps * ms / 1e3:.2g} s) was "
+                 "spent; a run of more steps times it")
 
 
-def _predicted_row(key: tuple, ratio: float) -> PolicyCost:
-  return PolicyCost(key[0], layer_policy=key[1], jit_compile=key[2], predicted=True,
-                    stopped=(
+def _row(key: Key, t: timer.Timing, finite: bool) -> PolicyCost:
+  """A candidate's row from its timing."""
+  return PolicyCost(key[0], ms_per_step=t.ms, first_ms=t.first_ms, trace_s=t.trace_s,
+                    steps_timed=len(t.calls), spread=t.spread, bound=t.bound,
+                    stopped=t.stopped, layer_policy=key[1], finite=finite,
+                    jit_compile=key[2])
+
+
+def _predicted_row(key: tuple, ratio: float, f32: PolicyCost) -> PolicyCost:
+  """float32's step by the kernel table's ratio (where float32 has a figure)."""
+  ms = round(f32.ms_per_step * ratio, 3) if f32.ms_per_step and not f32.bound else None
+  return PolicyCost(key[0], ms_per_step=ms, layer_policy=key[1], jit_compile=key[2],
+                    predicted=True, stopped=(
       f"predicted from the kernel table ({ratio:.0f}x float32's ops), not timed"))
 
 
-def _settle(rows: dict, times: dict, f32: PolicyCost | None,
-            skip: dict[str, float]) -> None:
-  """Each row's ms/step: the median of its timed steps, an estimate where timing
-  stopped, float32's by the kernel table's ratio where it was predicted."""
-  for key, row in rows.items():
-    if times.get(key):
-      row.steps_timed = len(times[key])
-      row.ms_per_step = round(statistics.median(times[key]), 3)
-    elif row.predicted and f32 and f32.ms_per_step:
-      row.ms_per_step = round(f32.ms_per_step * skip[row.policy], 3)
-    elif row.stopped and row.first_ms and f32 and f32.ms_per_step:
-      row.ms_per_step = round(_estimate(row, f32), 3)
-  for row in rows.values():
-    if row.ms_per_step is None and not row.stopped:
-      row.stopped = "not timed: float32's step could not be timed"
-
-
-def _failed(e: Exception) -> str:
-  return f"failed: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
-
-
 def stand_in() -> tuple[bool, Cost | None, str | None]:
-  """$MPT_COST (records/keyed.py `stand_in`): a recorded cost.json, or `none`."""
+  """$MPT_COST (records/keyed.py `stand_in`): a recorded cost.json, or `none`;
+  `always` stands in for nothing (`planned`)."""
+  if os.environ.get(ENV) == ALWAYS:
+    return False, None, None
   return keyed.stand_in(ENV, cost_lib.read)
+
+
+def planned(steps: int | None) -> int | None:
+  """The planned steps a measurement's share and skip follow: None (no share, no
+  skip) where $MPT_COST=always asks for the measurement whatever the run's length
+  (experiments that check it against runs too short to pay for it)."""
+  return None if os.environ.get(ENV) == ALWAYS else steps
 
 
 def for_run(cfg: config.Config, build: Callable[[], keras.Model], planned_steps: int,
@@ -324,8 +278,9 @@ def for_run(cfg: config.Config, build: Callable[[], keras.Model], planned_steps:
             ) -> tuple[Cost | None, str | None]:
   """(this model's cost here, a note when there is none or where it came from).
   `build()` makes the model without --layer_policy's plan (timed as a row of its
-  own); `fits()` says why the step at the run's batch would not fit in memory (the
-  measurement is then skipped: the run's memory preflight says the rest)."""
+  own); `planned_steps`: the run's (the skip, the share); `fits()` says why the step
+  at the run's batch would not fit in memory (the measurement is then skipped: the
+  run's memory preflight says the rest)."""
   standing, found, note = stand_in()
   if standing:
     return found, note
@@ -336,11 +291,13 @@ def for_run(cfg: config.Config, build: Callable[[], keras.Model], planned_steps:
       and cfg.policy != "auto" else [])
   cached = cost_lib.cached(cost_lib.key_for(
       cfg, keras_fit.onednn_rewrite_on(), isa.detect()))
-  have = lambda k: bool(cached and cached.of(*k) and not (
+  have = lambda k: bool(cached and cached.of(*k) and cached.of(*k).known_for(
+      planned(planned_steps)) and not (
       k[0] == cfg.policy and cached.of(*k).predicted))  # The run's own is timed.
   if all(have(k) for k in want):
     return cached, None
-  if planned_steps < MIN_RUN_STEPS:
+  planned_steps = planned(planned_steps)
+  if planned_steps is not None and planned_steps < MIN_RUN_STEPS:
     return None, (f"the step's cost per policy was not measured: this run's "
                   f"{planned_steps} steps cost about what measuring them would")
   too_big = fits()
@@ -348,21 +305,71 @@ def for_run(cfg: config.Config, build: Callable[[], keras.Model], planned_steps:
     return None, f"the step's cost per policy was not measured: {too_big}"
   missing = [k for k in want if not have(k)]
   fresh = measure(cfg, build, [p for p, plan, jit in missing if not plan and jit is None],
-                  base=cached.of("float32") if have(F32) else None,
-                  plans=tuple(k for k in missing if k[1] or k[2] is not None))
+                  plans=tuple(k for k in missing if k[1] or k[2] is not None),
+                  # --policy=auto chooses from every policy: no share cuts it short.
+                  planned_steps=None if cfg.policy == "auto" else planned_steps)
   if cached:  # The oneDNN choice measured some policies already: keep them.
-    fresh.policies = [cached.of(*k) if have(k) else fresh.of(*k) for k in want]
+    fresh.policies = [fresh.of(*k) if not have(k) or k == F32 else
+                      _rebased(cached.of(*k), cached, fresh) for k in want]
     fresh.seconds = round(cached.seconds + fresh.seconds, 2)
   cost_lib.save(fresh)
   return fresh, None
 
 
+def _rebased(row: PolicyCost, cached: Cost, fresh: Cost) -> PolicyCost:
+  """A cached row beside a fresh measurement: its ratio to its own float32 kept, over
+  the fresh float32 (the one baseline a record's ratios are read against)."""
+  old, new = cached.of("float32"), fresh.of("float32")
+  if not (row.ms_per_step and old and old.ms_per_step and new and new.ms_per_step):
+    return row
+  return dataclasses.replace(row, ms_per_step=round(
+      row.ms_per_step * new.ms_per_step / old.ms_per_step, 3))
+
+
+def checked_by_run(cost: Cost | None, policy: str, layer_policy: str,
+                   run_ms: float | None, steps: int, where: str) -> Cost | None:
+  """`cost` after the run's own `steps` (median `run_ms`) checked its own policy's
+  row; `cost` as it was where they agree within the row's spread (at least the
+  timer's SPREAD). Else the record takes the run's figure and the cache entry is
+  replaced: a settled row that disagrees was timed at another level than the run
+  runs (fit's loop around the step, the machine's load), so every row is scaled
+  alike (their ratios were timed side by side); a bound is replaced by the run's
+  figure alone. The row's `from_run` says both figures (the diagnosis says it)."""
+  row = cost.of(policy, layer_policy) if cost else None
+  if row is None or row.predicted or not run_ms or cost.source.startswith("recorded"):
+    return cost
+  if row.ms_per_step and not row.bound and abs(run_ms / row.ms_per_step - 1) <= max(
+      timer.SPREAD, row.spread or 0.0):
+    return cost
+  timed = (f"{row.bound + ' ' if row.bound else ''}{row.ms_per_step:,.1f} ms"
+           if row.ms_per_step else "no figure")
+  note = (f"{where}: its own {steps} steps measured {run_ms:,.1f} ms/step; timed "
+          f"before step 1: {timed}")
+  scale = run_ms / row.ms_per_step if row.ms_per_step and not row.bound else None
+  rows = []
+  for p in cost.policies:
+    if p is row:
+      p = dataclasses.replace(p, ms_per_step=round(run_ms, 3), bound=None, stopped=None,
+                              timed_ms=p.timed_ms or p.ms_per_step, from_run=note + (
+                                  ", every row scaled alike" if scale else ""))
+    elif scale and p.ms_per_step:
+      p = dataclasses.replace(p, ms_per_step=round(p.ms_per_step * scale, 3),
+                              timed_ms=p.timed_ms or p.ms_per_step)
+    rows.append(p)
+  found = dataclasses.replace(cost, policies=rows)
+  cost_lib.save(found)
+  return found
+
+
 def main(argv: list[str]) -> int:
-  """The oneDNN choice's child: `FLAGFILE OUT POLICIES` -> OUT holds a cost.json."""
+  """The oneDNN choice's child: `FLAGFILE OUT POLICIES [PLANNED_STEPS]` -> OUT holds a
+  cost.json."""
   flagfile, out, policies = argv[1], argv[2], argv[3].split(",")
+  planned = int(argv[4]) if len(argv) > 4 and argv[4] else None
   cfg = config.from_flagfile(pathlib.Path(flagfile).read_text())
   plain = dataclasses.replace(cfg, layer_policy="")  # A plan is a row of its own.
-  found = measure(cfg, lambda: model_lib.build_model(plain, 10), policies)
+  found = measure(cfg, lambda: model_lib.build_model(plain, 10), policies,
+                  planned_steps=planned)
   cost_lib.write(pathlib.Path(out), found)
   return 0
 

@@ -25,11 +25,11 @@ from mpt.errors import UserError
 from mpt.machine import hardware
 from mpt.machine import isa
 from mpt.records import cost as cost_lib
+from mpt.records import keyed
 from mpt.records.cost import Cost, OnednnChoice
 
 VAR = "TF_ENABLE_ONEDNN_OPTS"
 CHOICE_FILE = "MPT_ONEDNN_CHOICE"  # The parent's choice, for the training child.
-MARGIN = 0.05  # A setting must measure this much faster to replace TF's default.
 
 
 def _parse(value: str) -> bool | None:
@@ -57,7 +57,7 @@ def _measure(cfg: config.Config, on: bool, policies: list[str]) -> tuple[Cost | 
     env = {**os.environ, VAR: "1" if on else "0", "TF_CPP_MIN_LOG_LEVEL": "2"}
     proc = subprocess.run(
         [sys.executable, "-m", "mpt.train.before_step1.cost", str(folder / "flags.txt"),
-         str(folder / "cost.json"), ",".join(policies)],
+         str(folder / "cost.json"), ",".join(policies), str(planned_steps(cfg) or "")],
         capture_output=True, text=True, env=env, timeout=900)
     if proc.returncode != 0:
       return None, (proc.stderr.strip().splitlines() or ["?"])[-1][:200]
@@ -83,9 +83,23 @@ def _gpu_visible() -> bool:
   return not hidden and (os.path.exists("/dev/nvidia0") or bool(shutil.which("nvidia-smi")))
 
 
-def _best(cost: Cost, policies: list[str]) -> float | None:
-  ms = [cost.of(p).ms_per_step for p in policies if cost.of(p) and cost.of(p).ms_per_step]
-  return min(ms) if ms else None
+def _figures(cost: Cost | None, policies: list[str]) -> dict[str, float]:
+  """{policy: its figure} of `policies` and float32 (a bound is not a figure)."""
+  rows = [cost.of(p) for p in ["float32", *policies]] if cost else []
+  return {r.policy: r.ms_per_step for r in rows if r and r.ms_per_step and not r.bound}
+
+
+def _compared(on: dict[str, float], off: dict[str, float], policies: list[str]
+              ) -> tuple[dict[str, float], str]:
+  """({"on": ms, "off": ms}, what they are of): the fastest of the run's `policies`
+  with a figure both ways, else float32's (a bound decides nothing here)."""
+  both = [p for p in policies if p in on and p in off]
+  if both:
+    best = min(both, key=lambda p: on[p])
+    return {"on": on[best], "off": off[best]}, best
+  if "float32" in on and "float32" in off:
+    return {"on": on["float32"], "off": off["float32"]}, "float32"
+  return {}, ""
 
 
 def _not_worth_measuring(cfg: config.Config) -> str | None:
@@ -119,34 +133,43 @@ def choose(cfg: config.Config, measure=_cached_or_measured) -> OnednnChoice:
   if why:
     return OnednnChoice(False, None, default, "TF's default",
                         f"{because}; not measured: {why}")
+  key = {"model": cfg.model, "policy": cfg.policy,
+         **cost_lib.machine_key(None, isa.detect())}
+  cached = keyed.cached("onednn", key, cost_lib.read_choice)
+  if cached and len(cached.measured_ms) == 2:
+    cached.why += f" ({cached.source}: measured once per machine and model)"
+    return cached
   policies = (list(cost_lib.POLICIES) if cfg.policy == "auto" else
               list(dict.fromkeys(["float32", cfg.policy])))
   run_policies = list(cost_lib.POLICIES) if cfg.policy == "auto" else [cfg.policy]
-  ms, errors, start = {}, [], time.perf_counter()
+  figures, errors, took, start = {}, [], [], time.perf_counter()
   for setting in (False, True):
     # With the rewrite on (what measured faster on the CPUs met so far) every policy:
     # when it wins, the run finds its whole cost cached and measures nothing more.
+    begin = time.perf_counter()
     found, error = measure(cfg, setting,
                            list(cost_lib.POLICIES) if setting else policies)
-    best = _best(found, run_policies) if found else None
-    if best:
-      ms["on" if setting else "off"] = best
-    else:
+    took.append(f"{'on' if setting else 'off'} {time.perf_counter() - begin:.1f} s")
+    figures[setting] = _figures(found, run_policies)
+    if not figures[setting]:
       errors.append(f"{'on' if setting else 'off'}: {error or 'nothing measured'}")
   seconds = round(time.perf_counter() - start, 1)
-  if len(ms) < 2:
+  took = ", ".join(took)  # Each child's, its TensorFlow import included.
+  ms, what = _compared(figures[True], figures[False], run_policies)
+  if not ms:
     return OnednnChoice(False, None, default, "TF's default",
                         f"{because}; measuring failed ({'; '.join(errors)})", ms, seconds)
-  faster = ms["on"] < ms["off"] * (1 - MARGIN)
-  what = cfg.policy if cfg.policy != "auto" else "best policy's"
+  faster = ms["on"] < ms["off"] * (1 - cost_lib.ONEDNN_MARGIN)
   measured = (f"this model's {what} step measured ~{ms['on']:.0f} ms with it, "
-              f"~{ms['off']:.0f} without ({max(ms.values()) / min(ms.values()):.2f}x; "
-              f"measured in {seconds:g} s)")
-  if faster:
-    return OnednnChoice(True, "1", default, "measured",
+              f"~{ms['off']:.0f} without ({cost_lib.times(max(ms.values()) / min(ms.values()))}; "
+              f"measured in {seconds:g} s: {took})")
+  found = (OnednnChoice(True, "1", default, "measured",
                         f"{measured}; {because}, so mpt sets {VAR}=1", ms, seconds)
-  return OnednnChoice(False, None, default, "measured",
-                      f"{measured}; TF's default (off) kept", ms, seconds)
+           if faster else OnednnChoice(False, None, default, "measured",
+                                       f"{measured}; TF's default (off) kept", ms, seconds))
+  found.key = key
+  keyed.save("onednn", found)
+  return found
 
 
 def for_child(cfg: config.Config) -> dict[str, str]:

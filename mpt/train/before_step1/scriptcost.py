@@ -1,238 +1,384 @@
-"""A script's own step per policy (`mpt.callbacks`, `mpt.track`), timed once on its first
-real batch, by the command line's timer (mpt/train/before_step1/cost.py `time_candidates`: the
-same interleaving, STOP and budget cut-offs, kernel-table prediction and record).
+"""A script's own step per policy (`mpt.callbacks`, `mpt.track`), timed at the end of
+each `fit`'s warm-up (mpt/train/script/stepcost.py) by the command line's candidates'
+rules (mpt/train/before_step1/cost.py `time_candidates`: the one timer, its budgets,
+the kernel table's predictions, the record), where the training it plans pays for it.
 
-The script's model is built and mpt cannot rebuild it, but a built Keras 3 model
-computes in whatever policy its layers hold when a step is traced
-(mpt/measure/policies.py), so each candidate is the script's model, its layers
-switched while its step is traced, on the batch the script fed. The step is the
-training step as `fit` runs it: forward, the compiled loss (`model.compute_loss`),
-its gradients and the update, by a fresh copy of the script's optimizer (its class
-and config; loss scaling under mixed_float16, as Keras' compile adds it). A loop
-whose loss mpt does not know (`mpt.track`, a custom `train_step`) gets a stand-in
-loss, the mean square of the model's float outputs: its gradients flow through every
-layer as the real loss's do; what was timed is said in the record.
+The step is the one the program runs (`Step`): under `fit`, the model's `train_step`
+(Keras' own, or the program's override, with its `compute_loss` and metrics: a frozen
+teacher run inside the loss is part of the step) on the last batch fit fed; under
+`mpt.track`, the loop's own tf.function on the arguments of its first call. Each
+candidate traces it afresh (a new tf.function of the same Python function, with its
+options) with the model's layers switched to the candidate's policy: a built Keras 3
+model computes in whatever policy its layers hold when a step is traced
+(mpt/measure/policies.py). Under `fit` the model's optimizer is, while its candidate
+traces, a fresh copy of the program's (its class and config, no state), loss-scaled
+under mixed_float16 as Keras' compile makes it. Each call fetches its batch from a
+tf.data iterator of that batch, as a program's step does.
 
-The script's training is left as it was: its optimizer is not touched, every
-variable of the model (weights, BatchNorm statistics, random seeds' state) and of its
-compiled metrics is put back, and every layer gets back the policy object it held.
-Cached per model signature, batch, loss and machine like the command line's cost.
+A traced step that does anything besides computing and updating variables (writes a
+summary, prints, runs a Python function, writes a file, reads an iterator, talks to
+other replicas: `EFFECTS`) would do it again on every call timed, inside the
+program's run: it is not timed, said in one line. mpt times no stand-in for it.
+
+The program is left as it was: every variable a traced step reads or writes (the
+model's weights and statistics, every optimizer's slots and loss scale, the metrics,
+seed generators, TF's global generator) and every variable of the model, its
+optimizers and metrics is put back; each layer gets back the policy object it held,
+the model its optimizer; the global policy, Python's, NumPy's and TF's op-seed random
+state are what they were. Cached per what changes the step's cost (`key_for`): two
+fits of one program whose steps differ (a frozen base, then unfrozen) get two entries.
 """
 
+import contextlib
+import dataclasses
 import hashlib
 import json
+import marshal
+import random
 import time
 from typing import Any, Callable
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from mpt import config
-from mpt import speech
+from mpt import errors
 from mpt.machine import isa
-from mpt.measure import layercost
-from mpt.measure import numerics
-from mpt.measure import observe
 from mpt.measure import policies
 from mpt.models import fused_bn
 from mpt.records import cost as cost_lib
-from mpt.records import layers as layer_records
-from mpt.records.cost import Cost, PolicyCost
+from mpt.records.cost import Cost
 from mpt.train.before_step1 import cost as timing
 from mpt.train.common import keras_fit
-from mpt.train.before_step1 import layers as layers_lib
 
-Loss = Callable[[Any, Any, Any, Any], tf.Tensor]  # (x, y, prediction, sample weight)
-STAND_IN = "stand-in (the mean square of the model's outputs: the loop's own loss is not known to mpt)"
-COMPILED = "the compiled loss (model.compute_loss)"
-
-
-def loss_of(model: keras.Model, fit: bool) -> tuple[Loss, str]:
-  """(the loss the timed step uses, what it is): `fit`'s compiled loss where fit runs
-  Keras' own train_step, else the stand-in."""
-  own_step = type(model).train_step is not keras.Model.train_step
-  if fit and not own_step and getattr(model, "loss", None) is not None:
-    return (lambda x, y, pred, sw: model.compute_loss(x=x, y=y, y_pred=pred,
-                                                      sample_weight=sw)), COMPILED
-  def stand_in(x, y, pred, sw):
-    outs = [tf.cast(t, "float32") for t in keras.tree.flatten(pred)
-            if hasattr(t, "dtype") and t.dtype.is_floating]
-    return tf.add_n([tf.reduce_mean(tf.square(t)) for t in outs])
-  return stand_in, STAND_IN
-
-
-def _signature(model: keras.Model) -> str:
-  """The model's layers (class, weight shapes) as a digest: what makes two scripts'
-  models the same to time."""
-  layers = [(type(l).__name__, [list(w.shape) for w in l.weights])
-            for l in fused_bn.all_layers(model)]
-  return hashlib.sha1(json.dumps([model.name, layers]).encode()).hexdigest()[:16]
+_SUMMARIES = ("WriteSummary", "WriteScalarSummary", "WriteHistogramSummary",
+              "WriteImageSummary", "WriteAudioSummary", "WriteRawProtoSummary",
+              "WriteGraphSummary", "ImportEvent", "FlushSummaryWriter",
+              "CreateSummaryFileWriter", "CreateSummaryDbWriter", "CloseSummaryWriter")
+_COLLECTIVES = ("CollectiveReduce", "CollectiveReduceV2", "CollectiveReduceV3",
+                "CollectiveGather", "CollectiveGatherV2", "CollectiveBcastSend",
+                "CollectiveBcastRecv", "CollectiveBcastSendV2", "CollectiveBcastRecvV2",
+                "CollectiveAllToAllV2", "CollectiveAllToAllV3", "NcclAllReduce")
+# Op types a traced step may not run to be timed, by what each does outside the step.
+EFFECTS = {
+    "writes a summary": _SUMMARIES,
+    "prints": ("PrintV2", "Print"),
+    "runs a Python function": ("EagerPyFunc", "PyFunc", "PyFuncStateless"),
+    "writes a file": ("WriteFile", "SaveV2", "Save", "SaveSlices", "MergeV2Checkpoints"),
+    "reads an iterator": ("IteratorGetNext", "IteratorGetNextSync",
+                          "IteratorGetNextAsOptional", "MultiDeviceIteratorGetNextFromShard"),
+    "talks to other replicas": _COLLECTIVES,
+}
 
 
-def key_for(model: keras.Model, x, what: str, jit: bool) -> dict[str, Any]:
-  return {"model": f"script:{model.name}", "signature": _signature(model),
-          "inputs": observe.describe_inputs(x), "loss": what, "jit_compile": jit,
+@dataclasses.dataclass
+class Step:
+  """The step a program runs, as mpt times it."""
+  fn: Callable  # Its Python function (Keras' train_step, the program's, the loop's).
+  args: tuple
+  kwargs: dict
+  models: tuple  # What it trains: fit's model, or the loop's (a GAN's two).
+  jit: bool  # Its XLA setting (fit: the model's; a loop: its tf.function's).
+  what: str  # What it is, for the record and the line.
+  options: dict = dataclasses.field(default_factory=dict)  # Its tf.function's.
+  swap_optimizer: bool = False  # fit: model.optimizer is fresh per candidate.
+
+  @property
+  def batch(self) -> int:
+    leaves = [t for t in keras.tree.flatten((self.args, self.kwargs))
+              if hasattr(t, "shape") and len(t.shape)]
+    return int(leaves[0].shape[0]) if leaves and leaves[0].shape[0] else 0
+
+
+class NotTimeable(errors.UserError):
+  """The program's step cannot be timed safely (its graph does more than compute)."""
+
+
+def own_methods(model: keras.Model) -> dict[str, Callable]:
+  """The methods the program's own model classes define (an override of train_step
+  or of a loss method, a helper they call), down to the first class of Keras' own
+  (whose code is Keras' version's): what makes its step its own."""
+  found = {}
+  for cls in type(model).__mro__:
+    if cls.__module__.split(".")[0] == "keras" or not issubclass(cls, keras.Model):
+      break
+    for name, fn in vars(cls).items():
+      if callable(fn) and hasattr(fn, "__code__") and name not in found:
+        found[name] = fn
+  return found
+
+
+def of_fit(model: keras.Model, data) -> Step:
+  """The step fit runs: the model's train_step on the batch it fed, traced as Keras
+  traces it (without AutoGraph, its XLA setting)."""
+  own = sorted(m for m in own_methods(model) if "step" in m or "loss" in m)
+  what = (f"fit's train_step of {type(model).__name__}, with its own "
+          f"{', '.join(own)}" if own else
+          f"fit's train_step of {type(model).__name__} (Keras' own)")
+  return Step(model.train_step, (data,), {}, (model,),
+              bool(getattr(model, "jit_compile", False)), what, {"autograph": False},
+              swap_optimizer=getattr(model, "optimizer", None) is not None)
+
+
+def of_loop(models: tuple, fn, args: tuple, kwargs: dict) -> Step:
+  """The loop's own step, a tf.function (NotTimeable for a Python function: no graph
+  to read)."""
+  if not hasattr(fn, "python_function"):
+    raise NotTimeable("the loop's step is a Python function run eagerly, not a "
+                      "tf.function: mpt times only a step whose graph it can read")
+  options = keras_fit.function_options(fn)
+  return Step(fn.python_function, args, kwargs, tuple(models),
+              bool(options.pop("jit_compile")),
+              "the loop's own step function", options)
+
+
+def _code(fn) -> str:
+  """A digest of a function's code (its bytecode, constants and names)."""
+  fn = getattr(fn, "__func__", fn)
+  code = getattr(fn, "__code__", None)
+  return hashlib.sha1(marshal.dumps(code)).hexdigest()[:12] if code else repr(fn)
+
+
+def _signature(models: tuple) -> str:
+  """The models' layers (class, weight shapes, which weights train) as a digest."""
+  layers = [[m.name] + [(type(l).__name__, [(list(w.shape), bool(w.trainable))
+                                           for w in l.weights])
+                        for l in fused_bn.all_layers(m)] for m in models]
+  return hashlib.sha1(json.dumps(layers).encode()).hexdigest()[:16]
+
+
+def _optimizer_key(optimizer) -> str | None:
+  """An optimizer's class and config (its rate's value aside: it moves no cost)."""
+  if optimizer is None:
+    return None
+  inner = getattr(optimizer, "inner_optimizer", optimizer)
+  try:
+    config = {k: v for k, v in inner.get_config().items()
+              if k not in ("name", "learning_rate")}
+  except (NotImplementedError, TypeError, AttributeError):
+    config = {}
+  return f"{type(optimizer).__name__}/{type(inner).__name__}:" + json.dumps(
+      config, sort_keys=True, default=str)
+
+
+def _inputs(step: Step) -> list:
+  """The step's arguments: each tensor's path, shape and dtype."""
+  leaves = keras.tree.flatten_with_path((step.args, step.kwargs))
+  return [["/".join(map(str, path)), list(t.shape), t.dtype.name if hasattr(
+      t.dtype, "name") else str(t.dtype)] for path, t in leaves if hasattr(t, "shape")]
+
+
+def _compiled(model: keras.Model) -> str | None:
+  """What compile() gave the step besides its optimizer (the loss, its weights, the
+  metrics), as JSON without the objects' names (numbered afresh in each program)."""
+  try:
+    config = {k: v for k, v in (model.get_compile_config() or {}).items()
+              if k in ("loss", "loss_weights", "metrics", "weighted_metrics")}
+  except (AttributeError, TypeError, ValueError):
+    return None
+  unnamed = lambda v: ({k: unnamed(x) for k, x in v.items() if k != "name"}
+                       if isinstance(v, dict) else [unnamed(x) for x in v]
+                       if isinstance(v, list) else v)
+  return json.dumps(unnamed(config), sort_keys=True, default=str)
+
+
+def key_for(step: Step, optimizers: list) -> dict[str, Any]:
+  """What changes the step's cost: the model (its layers, which weights train), the
+  step's code and the methods its classes define (`own_methods`), the compiled loss
+  and metrics, the
+  optimizers, the inputs' structure, shapes and dtypes (the batch in them), XLA, and
+  the machine (the CPU, its cores, TF, the oneDNN setting)."""
+  methods = {f"{m.name}.{name}": _code(fn) for m in step.models
+             for name, fn in sorted(own_methods(m).items())}
+  compiled = [_compiled(m) for m in step.models]
+  return {"model": "script:" + "+".join(m.name for m in step.models),
+          "signature": _signature(step.models),
+          "step": _code(step.fn), "methods": methods,
+          "compiled": hashlib.sha1(str(compiled).encode()).hexdigest()[:12],
+          "optimizers": [_optimizer_key(o) for o in optimizers],
+          "inputs": _inputs(step), "jit_compile": step.jit,
           **cost_lib.machine_key(keras_fit.onednn_rewrite_on(), isa.detect())}
 
 
-def _fresh_optimizer(optimizer, policy: str) -> keras.optimizers.Optimizer:
-  """A copy of the script's optimizer (class and config, no state), loss-scaled
-  under mixed_float16; Adam where there is none or it cannot be copied."""
+def fresh_optimizer(optimizer, policy: str) -> keras.optimizers.Optimizer:
+  """A copy of the program's optimizer (class and config, no state), loss-scaled
+  under mixed_float16 as compile makes it; Adam where it cannot be copied."""
   inner = getattr(optimizer, "inner_optimizer", optimizer)
   try:
     fresh = type(inner).from_config(inner.get_config())
   except (TypeError, ValueError, AttributeError, NotImplementedError):
     fresh = keras.optimizers.Adam()
-  return keras.optimizers.LossScaleOptimizer(fresh) if config.scales(policy) else fresh
+  return (keras.optimizers.LossScaleOptimizer(fresh)
+          if config.scales(policy) else fresh)
 
 
-def stepper(model: keras.Model, batch: tuple, loss: Loss, optimizer, jit: bool,
-            clock: timing.Clock) -> timing.Make:
-  """The script's candidates: its model's training step on `batch` ((x, y, sample
-  weight)), traced with the layers switched to the candidate's policy."""
-  x, y, sw = batch
-  variables = model.trainable_variables
+def side_effects(graph) -> list[str]:
+  """What a traced step does besides computing (EFFECTS), read from its graph and
+  every function its library holds."""
+  graph_def = graph.as_graph_def()
+  types = {n.op for n in graph_def.node} | {
+      n.op for f in graph_def.library.function for n in f.node_def}
+  return [what for what, ops in EFFECTS.items() if types & set(ops)]
 
-  def make(key: timing.Key):
+
+class _Kept:
+  """The program's state, put back at the block's end: the variables given and every
+  one a traced candidate captures (`keep`), the global policy, Python's, NumPy's and
+  TF's op-seed random state."""
+
+  def __init__(self, variables):
+    self.kept: dict[int, tuple] = {}
+    self.keep(variables)
+
+  def keep(self, variables) -> None:
+    for v in variables:
+      if id(v) not in self.kept:
+        self.kept[id(v)] = (v, tf.identity(v))
+
+  def __enter__(self):
+    self.policy = keras.mixed_precision.global_policy()
+    self.random = (random.getstate(), np.random.get_state(), keras_fit.op_seeds())
+    return self
+
+  def __exit__(self, *exc):
+    for v, value in self.kept.values():
+      v.assign(value)
+    keras.mixed_precision.set_global_policy(self.policy)
+    random.setstate(self.random[0])
+    np.random.set_state(self.random[1])
+    keras_fit.op_seeds(self.random[2])
+
+
+def _state(step: Step, optimizers: list) -> list:
+  """Every variable of the models, their compiled metrics and the program's
+  optimizers."""
+  return [v for m in step.models for v in list(m.variables) + list(
+      getattr(m, "metrics_variables", []))] + [v for o in optimizers for v in o.variables]
+
+
+def stepper(step: Step, kept: _Kept, optimizer) -> timing.Make:
+  """The program's candidates: its step traced afresh with the layers switched to the
+  candidate's policy (and, under fit, a fresh copy of `optimizer`)."""
+  def make(key: timing.Key, infinite: set):
     policy = key[0]
-    start = clock()
-    opt = _fresh_optimizer(optimizer, policy)
-    opt.build(variables)
+    fn = tf.function(step.fn, jit_compile=step.jit, reduce_retracing=True,
+                     **step.options)
+    swapped = _swapped(step, optimizer, policy)
+    with contextlib.ExitStack() as switched:
+      for model in step.models:
+        switched.enter_context(policies.switched(model, policies.uniform(policy)))
+      switched.enter_context(swapped)
+      concrete = fn.get_concrete_function(*step.args, **step.kwargs)
+    effects = side_effects(concrete.graph)
+    if effects:
+      raise NotTimeable(f"the step {' and '.join(effects)}: timing it would do that "
+                        "again in the program's run")
+    kept.keep(concrete.variables)
+    fetch = _fetcher(step)
 
-    @tf.function(jit_compile=jit)
-    def step(x, y, sw):
-      with tf.GradientTape() as tape:
-        value = loss(x, y, model(x, training=True), sw)
-        scaled = opt.scale_loss(value)
-      opt.apply(tape.gradient(scaled, variables), variables)
-      return value
-
-    with policies.switched(model, policies.uniform(policy)):
-      step.get_concrete_function(x, y, sw)
-    row = PolicyCost(policy, trace_s=round(clock() - start, 3))
-    return timing.timer(lambda: step(x, y, sw), row, clock), row
-
+    def call(alive=swapped.fresh):  # The fresh optimizer lives as long as its step
+      args, kwargs = fetch()          # (the graph holds its variables weakly).
+      return _loss(fn(*args, **kwargs))
+    return timing.waited(call, key, infinite)
   return make
 
 
-def _state(model: keras.Model) -> list:
-  """Every variable of a model and of its compiled metrics, once each."""
-  found = {id(v): v for v in list(model.variables)
-           + list(getattr(model, "metrics_variables", []))}
-  return list(found.values())
+class _swapped:  # pylint: disable=invalid-name
+  """Under fit, the model's optimizer a fresh copy for the block (traced with it)."""
+
+  def __init__(self, step: Step, optimizer, policy: str):
+    self.step, self.optimizer, self.policy = step, optimizer, policy
+    self.fresh = None
+
+  def __enter__(self):
+    if self.step.swap_optimizer:
+      self.fresh = fresh_optimizer(self.optimizer, self.policy)
+      self.fresh.build(self.step.models[0].trainable_variables)
+      self.step.models[0].optimizer = self.fresh
+
+  def __exit__(self, *exc):
+    if self.step.swap_optimizer:
+      self.step.models[0].optimizer = self.optimizer
 
 
-def measure(model: keras.Model, batch: tuple, loss: tuple[Loss, str], optimizer,
-            own: str, jit: bool = False, table: timing.Table = timing.kernel_table,
+def _fetcher(step: Step) -> Callable[[], tuple[tuple, dict]]:
+  """The step's arguments fetched as a program's loop fetches a batch: the tensors
+  from a tf.data iterator (the first batch, repeated; an in-memory pipeline's fetch
+  is part of every step fit or a loop runs), the other arguments as they are."""
+  leaves = keras.tree.flatten((step.args, step.kwargs))
+  tensors = [i for i, v in enumerate(leaves) if isinstance(v, (tf.Tensor, np.ndarray))]
+  if not tensors:
+    return lambda: (step.args, step.kwargs)
+  batches = iter(tf.data.Dataset.from_tensors(tuple(leaves[i] for i in tensors)).repeat())
+
+  def fetch():
+    fetched = list(leaves)
+    for i, value in zip(tensors, next(batches)):
+      fetched[i] = value
+    return keras.tree.pack_sequence_as((step.args, step.kwargs), fetched)
+  return fetch
+
+
+def _loss(out) -> float:
+  """Every leaf of a step's result read back (the work waited for); its loss (`loss`,
+  else its first float scalar) as a float, 0.0 where it has none."""
+  leaves = keras.tree.flatten(out)
+  values = [np.asarray(t) for t in leaves if hasattr(t, "shape")]
+  if isinstance(out, dict) and "loss" in out:
+    return float(np.mean(np.asarray(out["loss"])))
+  scalars = [float(v) for v in values if v.size == 1 and v.dtype.kind == "f"]
+  return scalars[0] if scalars else 0.0
+
+
+def measure(step: Step, optimizers: list, own: str, planned_steps: int | None = None,
+            table: timing.Table = timing.kernel_table,
             clock: timing.Clock = time.perf_counter) -> Cost:
-  """The script's step timed under each policy on `batch` with `loss` ((the loss,
-  what it is): `loss_of`), the model left as it was (`own`: the script's policy,
-  which is timed even where the table predicts it)."""
-  loss, what = loss
-  n = int(keras.tree.flatten(batch[0])[0].shape[0])
-  found = Cost(key_for(model, batch[0], what, jit), keras_fit.onednn_rewrite_on(), n,
-               timed=f"this script's model on its first batch, forward, {what}, "
-                     "gradients and its optimizer's update")
+  """The program's step timed under each policy (`own`: the program's policy, timed
+  even where the kernel table predicts it), the program left as it was."""
+  found = Cost(key_for(step, optimizers), keras_fit.onednn_rewrite_on(), step.batch,
+               timed=f"this program's step on a batch it fed: {step.what}")
   start = clock()
-  with numerics.state_kept(_state(model)):
+  optimizer = step.models[0].optimizer if step.swap_optimizer else None
+  skip = {}
+  for model in step.models:  # The policies any of its models' kernels rule out.
+    skip.update(timing.pathological(model, table))
+  with _Kept(_state(step, optimizers)) as kept:
     found.policies = timing.time_candidates(
-        [(p, "", None) for p in cost_lib.POLICIES], stepper(model, batch, loss, optimizer,
-                                                             jit, clock),
-        timing.pathological(model, table), own, clock=clock)
+        [(p, "", None) for p in cost_lib.POLICIES], stepper(step, kept, optimizer),
+        skip, own, clock, planned_steps)
   found.seconds = round(clock() - start, 2)
   return found
 
 
-def for_script(model: keras.Model, batch: tuple, fit: bool, optimizer, own: str,
-               planned_steps: int | None, jit: bool = False
+def for_script(step: Step, optimizers: list, own: str, planned_steps: int | None,
+               seen: tuple[float, float] | None = None
                ) -> tuple[Cost | None, str | None]:
-  """(the script's step cost per policy, or None; a note where it is not measured):
-  the cache, a skip for a run known to be shorter than the measurement, or measured."""
+  """(the program's step cost per policy, or None; a note where it is not measured):
+  the cache, a skip for a run known to be shorter than the measurement, or measured.
+  `seen`: (its first step's ms, its next steps' median ms) as the run timed them: a
+  run whose step's trace alone (its first step, less a step) would pass its share of
+  the training it plans is not measured."""
   standing, found, note = timing.stand_in()
   if standing:
     return found, note or (None if found else f"{timing.ENV}=none: not measured")
-  loss, what = loss_of(model, fit)
-  cached = cost_lib.cached(key_for(model, batch[0], what, jit))
-  if cached and all(cached.of(p) for p in cost_lib.POLICIES):
+  cached = cost_lib.cached(key_for(step, optimizers))
+  planned_steps = timing.planned(planned_steps)
+  if cached and all(cached.of(p) and cached.of(p).known_for(planned_steps)
+                    for p in cost_lib.POLICIES):
     return cached, None
   if planned_steps is not None and planned_steps < cost_lib.MIN_RUN_STEPS:
     return None, (f"the step's cost per policy was not measured: this run's "
                   f"{planned_steps} steps cost about what measuring them would")
-  found = measure(model, batch, (loss, what), optimizer, own, jit)
+  trace_ms = seen[0] - seen[1] if seen else 0.0
+  if planned_steps and seen and trace_ms > timing.SHARE * planned_steps * seen[1]:
+    return None, (f"the step's cost per policy was not measured: one trace of it (its "
+                  f"first step took {seen[0] / 1e3:,.1f} s) would pass "
+                  f"{timing.SHARE:.0%} of this run's planned training ({planned_steps} "
+                  f"steps of ~{seen[1]:,.0f} ms)")
+  found = measure(step, optimizers, own, planned_steps)
+  base = found.of("float32")
+  if not base or not base.ms_per_step:
+    return None, f"the step's cost per policy was not measured: {base.stopped}"
   cost_lib.save(found)
   return found, None
-
-
-def before_training(folder) -> None:
-  """After a script's first step (`folder`: its RunFolder, mpt/train/script/library.py): its
-  step's cost per policy (`folder.cost`, said in one line), and where its 16-bit
-  policy measured slower, its per-layer cost (`folder.layer_costs`) and the plan it
-  predicts fastest as policy_map.json; what is not measured is `not_measured`."""
-  opts, why = folder.opts, None
-  if opts.cost == "off":
-    why = "cost='off' was given"
-  elif len(folder.models) != 1 or not observe.has_call(folder.models[0]):
-    why = (f"{folder.name} trains several models in its own step: the step is the "
-           "program's, so it is not timed per policy")
-  elif folder.batch is None:
-    why = "no batch was seen (the fetch is not timed here), so no step was timed"
-  elif _strategy(folder.models[0]):
-    why = (f"the model was built under {_strategy(folder.models[0])}: its variables "
-           "are the strategy's, and mpt times a model's step outside any strategy")
-  if why:
-    folder.not_measured["cost"] = why
-    return
-  model, fit = folder.models[0], opts.loop == "fit"
-  batch = keras.utils.unpack_x_y_sample_weight(folder.batch) if fit else (
-      folder.batch, None, None)
-  optimizer = model.optimizer if fit else (
-      opts.optimizer[0] if isinstance(opts.optimizer, (list, tuple)) else opts.optimizer)
-  params = folder.params or {}
-  planned = params["steps"] * params.get("epochs", 1) if fit and params.get("steps") \
-      else None
-  own = folder.policy_name()
-  found, note = for_script(model, batch, fit, optimizer, own, planned,
-                           bool(getattr(model, "jit_compile", False)) if fit else False)
-  if note:
-    folder.not_measured["cost"] = note
-    print(f"mpt: note: {note}", flush=True)
-    return
-  folder.cost = found
-  print(cost_lib.one_line(found, "on" if found.onednn else "off") + f" ({found.timed})",
-        flush=True)
-  folder.layer_costs = folder.parts.attempt("layer_costs", _layers, folder, model,
-                                            batch[0], optimizer, own, found)
-
-
-def _strategy(model: keras.Model) -> str | None:
-  """The tf.distribute strategy `model` was built under, by class name; None for none
-  (the default strategy, which is the one outside every scope)."""
-  strategy = getattr(model, "distribute_strategy", None)
-  if strategy is None or strategy is tf.distribute.get_strategy():
-    return None
-  return type(strategy).__name__
-
-
-def _layers(folder, model: keras.Model, x, optimizer, own: str, cost: Cost):
-  """The per-layer cost where the script's 16-bit policy measured slower than float32
-  (layers_lib.SLOWER, the command line's rule), said, with its plan's policy map."""
-  ratio = cost.ratios().get(own)
-  if own == "float32" or not ratio or ratio < layers_lib.SLOWER:
-    return None
-  two = keras.tree.map_structure(lambda t: t[:2] if hasattr(t, "shape") else t, x)
-  standing, recorded = layers_lib.stand_in()  # $MPT_LAYERS, as the command line's.
-  found = layers_lib.said(lambda: recorded if standing else (
-      layer_records.cached(cost.key) or layercost.measure(
-          model, two, cost.batch, cost.key, lambda p: _fresh_optimizer(optimizer, p),
-          table=timing.kernel_table(layers_lib.families(model)))), own, cost)
-  if found is None:
-    return None
-  if found.source == "measured":
-    layer_records.save(found)
-  plan = layer_records.best_plan(found)
-  if plan and plan.by_class:
-    planned = policies.plan_map(model, plan.policy, list(plan.by_class.items()))
-    where = policies.write_map(folder.run_dir, planned, "the per-layer plan predicted "
-                               f"fastest here: {plan.policy} with {plan.layer_policy()}")
-    print(speech.plan_line(where, planned[1]), flush=True)
-  return found

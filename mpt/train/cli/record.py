@@ -19,7 +19,9 @@ from mpt.measure import memory
 from mpt.records import numerics as numerics_records
 from mpt.records.memory import MemoryPlan
 from mpt.records.summary import RunSummary
+from mpt.train.before_step1 import cost as timing
 from mpt.train.common import figures as figures_lib
+from mpt.train.common import precision
 from mpt.train.cli.prepare import Run
 
 
@@ -41,6 +43,25 @@ def _memory(plan: MemoryPlan | None) -> MemoryPlan | None:
                              estimate_over_measured=round(est / (gpu or rss), 3))
 
 
+def _checked(run: Run, found: dict, status: str):
+  """(the cost, the verdict) after a completed run's own steps checked its policy's
+  row (mpt/train/before_step1/cost.py `checked_by_run`: the run's figure replaces one
+  it disagrees with, said), by the chief only: it writes the cache."""
+  cost, verdict = run.before.cost, run.before.verdict
+  if status != "completed" or not run.dist.is_chief or cost is None:
+    return cost, verdict
+  cfg = run.cfg
+  checked = timing.checked_by_run(cost, cfg.policy, cfg.layer_policy,
+                                  found["ms_per_step"], found["timed_steps"],
+                                  str(run.run_dir))
+  if checked is cost:
+    return cost, verdict
+  print(f"mpt: note: the step's cost per policy: "
+        f"{checked.of(cfg.policy, cfg.layer_policy).from_run}", flush=True)
+  return checked, precision.check_speed(cfg.policy, precision.layer_classes(run.model),
+                                        checked, say=False)
+
+
 def build(run: Run, timer: instrument.StepTimer, status: str,
           message: str | None = None, flops=None) -> RunSummary:
   """summary.json of `run` ending with `status` now (`timer`: its step timer; `flops`:
@@ -50,6 +71,7 @@ def build(run: Run, timer: instrument.StepTimer, status: str,
   compute_dtype = run.policy.compute_dtype
   found = figures_lib.figures(timer, cfg.batch_size, flops.per_step if flops else None,
                               compute_dtype, run.optimizer)
+  cost, verdict = _checked(run, found, status)
   achieved = found["achieved_gflops"]
   # The best matmul rate `--mode=microbench` measured here, per dtype (None: not run).
   by_dtype = {d: rates.cached_gflops(d)[0] for d in ("float32", "bfloat16", "float16")}
@@ -72,8 +94,7 @@ def build(run: Run, timer: instrument.StepTimer, status: str,
       data_wait_share=found["step_time_ms"]["data_wait_share"] if cfg.instrument
       else None,
       wall_s=round(wall_s, 3),
-      policy_verdict=run.before.verdict, policy_choice=run.before.choice,
-      cost=run.before.cost,
+      policy_verdict=verdict, policy_choice=run.before.choice, cost=cost,
       layer_costs=run.before.layer_costs,
       onednn_choice=run.before.onednn,
       memory=_memory(run.memory),

@@ -25,7 +25,10 @@ TF_VERSION = "2.21"
 PRIVATE = (("keras.Model", "_maybe_symbolic_build"),
            ("keras.optimizers.Optimizer", "_trainable_variables"),
            ("tf.distribute.MultiWorkerMirroredStrategy.extended",
-            "_in_multi_worker_mode"))
+            "_in_multi_worker_mode"),
+           ("tf.function", "_jit_compile"), ("tf.function", "_autograph"),
+           ("tf.function", "_experimental_autograph_options"),
+           ("context.context()", "_rng"))
 
 
 def build_from_plain_batch(model: keras.Model, sample: Any) -> None:
@@ -223,3 +226,26 @@ def onednn_rewrite_on() -> bool:
   public question for it: IsMklEnabled() answers what the rewrite itself checks."""
   from tensorflow.python.util import _pywrap_util_port
   return bool(_pywrap_util_port.IsMklEnabled())
+
+
+def function_options(fn: Any) -> dict[str, Any]:
+  """The options a tf.function was made with (XLA, AutoGraph and its options), to
+  trace its Python function again as the program would. TF 2.21 keeps them only in
+  the Function's private attributes."""
+  return {"jit_compile": fn._jit_compile, "autograph": fn._autograph,
+          "experimental_autograph_options": fn._experimental_autograph_options}
+
+
+def op_seeds(state: Any = None) -> Any:
+  """TF's op-seed generator (what gives each random op traced without a seed its
+  seed, once a global seed is set): its state, or, given one, that state restored.
+  Tracing a step draws from it; TF 2.21 keeps it as the eager context's private
+  `_rng` (a random.Random, None before a global seed is set)."""
+  from tensorflow.python.eager import context
+  rng = getattr(context.context(), "_rng", None)  # Set with the first global seed.
+  if rng is None:
+    return None
+  if state is None:
+    return rng.getstate()
+  rng.setstate(state)
+  return state

@@ -38,7 +38,7 @@ def layer_classes(model: keras.Model) -> list[str]:
 
 
 def check_speed(policy: str, layer_classes, cost: Cost | None = None,
-                api: str = "cli") -> PolicyVerdict:
+                api: str = "cli", say: bool = True) -> PolicyVerdict:
   """The measured verdict on `policy` for a model with these layers, on this machine
   (mpt/machine/fastpath.py); prints ONE warning when it is slow, before step 1.
 
@@ -48,7 +48,7 @@ def check_speed(policy: str, layer_classes, cost: Cost | None = None,
   missing table only to explain a slowdown the step measured, or where the step was
   not timed (the table then decides alone, and its warning says it is a guess from
   representative shapes); with neither, the CPU flags do (`hardware.fast_path`, the
-  diagnosis' rule too)."""
+  diagnosis' rule too). `say`: print the warning (once, before step 1)."""
   gpu_caps = hardware.gpu_compute_capabilities()
   if cost is not None and cost.gpu_kernels is not None:  # This model's, profiled.
     table, note = cost.gpu_kernels.as_table(), None
@@ -61,16 +61,18 @@ def check_speed(policy: str, layer_classes, cost: Cost | None = None,
   found = fastpath.verdict(policy, table, fastpath.families_of(layer_classes),
                            hardware.cpu_flags(), gpu_caps,
                            "" if gpu_caps else f"this CPU ({hardware.cpu_name()})",
-                           cost.predicted() if cost else None)
+                           cost.predicted() if cost else None,
+                           (cost.bounds() if cost else {}).get(policy))
   found.source = (cost.source if found.evidence == "cost"
                   else (table or {}).get("source", "CPU flags"))
-  found.note = note or (table or {}).get("note")
-  if note:
-    print(f"mpt: note: {note}", flush=True)
+  found.note = note or found.note or (table or {}).get("note")
+  if (note or found.bound) and found.note and say:
+    print(f"mpt: note: {found.note}", flush=True)
   if found.text:
     found.text += f" ({found.contradicts})" if found.contradicts else ""
     found.text = speech.for_api(found.text, api)  # A script's run: its API's words.
-    print(f"WARNING: {found.text}", flush=True)  # Once: not also through absl's log.
+    if say:
+      print(f"WARNING: {found.text}", flush=True)  # Once: not also through absl's log.
   return found
 
 

@@ -51,7 +51,6 @@ from mpt.train.common import stepflops
 from mpt.train.common import keras_fit
 from mpt.train.common import numerics as numerics_lib
 from mpt.train.common import precision
-from mpt.train.before_step1 import scriptcost
 from mpt.train.script import watch
 from mpt.train.common.besteffort import Guarded, Parts
 
@@ -88,11 +87,13 @@ class RunFolder(keras.callbacks.Callback):
     self.run_dir, self.timer, self.writer, self.sampler = run_dir, timer, writer, sampler
     self.opts, self.after_run = opts, after_run
     self.not_measured = {}
-    self.cost, self.layer_costs = None, None  # mpt/train/before_step1/scriptcost.py's.
+    self.cost, self.layer_costs = None, None  # stepcost.py's.
+    self.onednn = None  # What oneDNN's rewrite measured, where TF leaves it off here.
     self.parts = Parts(self.not_measured)
     self.optimizers = watch.Optimizers()
     self.program = program_lib.Program(api=opts.api, batch_size=opts.batch_size)
     self.report, self.verdict, self.batch, self.inspected = None, None, None, False
+    self.costed = 0  # The fits whose step cost was taken.
     self.latest = None  # The last batch fed.
     # The step's FLOPs, counted after step 1, taken into dtypes.json.
     self.flops = countstep.CountStep(writer.sources, counted=self._into_dtypes)
@@ -156,10 +157,17 @@ class RunFolder(keras.callbacks.Callback):
       self.inspected = True
       self.parts.attempt("inspect", self._inspect)
       self.parts.attempt("flops", self._count_flops)
-      self.parts.attempt("cost", scriptcost.before_training, self)
+    if self.costed < len(self.program.fits) and len(self.timer.here) >= max(
+        1, self.timer.warmup_steps):  # Each fit's warm-up done: its step's cost.
+      self.costed = len(self.program.fits)
+      self.parts.attempt("cost", self._cost)
       self.verdict = self.parts.attempt("verdict", precision.check_speed,
-                                        self.policy_name(), self._layer_classes(),
+                                        self.policy_name(), self.layer_classes(),
                                         self.cost, self.opts.api)
+
+  def _cost(self) -> None:
+    from mpt.train.script import stepcost  # The cost's machinery: after step 1 only.
+    stepcost.for_fit(self)
 
   def on_epoch_end(self, epoch, logs=None):
     self.program.fits[-1].epochs_completed += 1
@@ -246,6 +254,11 @@ class RunFolder(keras.callbacks.Callback):
 
   def on_train_end(self, logs=None):
     self.parts.attempt("flops", self.flops.on_train_end)
+    if self.program.fits:
+      self.program.fits[-1].steps = self.timer.steps - sum(
+          f.steps for f in self.program.fits[:-1])
+    if self.program.fits and self.program.fits[-1].cost is not None:
+      self.parts.attempt("cost", self._checked)
     if self.sampler:
       self.parts.attempt("sampler", self.sampler.stop)
     summary = self._summary()
@@ -255,6 +268,10 @@ class RunFolder(keras.callbacks.Callback):
     fits = len(self.program.fits)
     what = f"fit {fits}" if self.opts.loop == "fit" and fits > 1 else ""
     ending.say_done(summary, self.run_dir, self.run_dir.parent, what)
+
+  def _checked(self) -> None:
+    from mpt.train.script import stepcost
+    stepcost.check(self)
 
   def close_unused(self) -> None:  # The run ended before its first step.
     if self.sampler:
@@ -269,7 +286,7 @@ class RunFolder(keras.callbacks.Callback):
   def policy_name(self) -> str:
     return self._policy().name
 
-  def _layer_classes(self) -> list[str]:
+  def layer_classes(self) -> list[str]:
     return [c for m in self.models for c in precision.layer_classes(m)]
 
   def _opening(self) -> instrument.Opening:
@@ -322,6 +339,7 @@ class RunFolder(keras.callbacks.Callback):
                                        self.run_dir, default=[]),
         util=self.parts.attempt("sampler", self.sampler.stats) if self.sampler else None,
         hardware=hardware.facts(), policy_verdict=self.verdict, cost=self.cost,
+        onednn_choice=self.onednn,
         layer_costs=self.layer_costs,
         layer_policy=policies.entries(keras.mixed_precision.global_policy()),
         not_measured=self.not_measured, **figures_lib.counted(self.flops),

@@ -27,11 +27,12 @@ from helpers import DATA, mpt_forked, tiny_flags
 
 class ScriptedCalls:
   """A clock on which each call of the train step takes the next scripted ms of the
-  current policy (building and tracing take no time), counting the calls per policy."""
+  current policy (its last repeats; building and tracing take no time), counting the
+  calls per policy and logging their order."""
 
   def __init__(self, script: dict[str, list[float]]):
-    self.script = {p: iter(ms) for p, ms in script.items()}
-    self.now, self.calls = 0.0, {}
+    self.script = {p: list(ms) for p, ms in script.items()}
+    self.now, self.calls, self.order = 0.0, {}, []
 
   def __call__(self) -> float:
     return self.now
@@ -50,7 +51,9 @@ class ScriptedCalls:
 
           def __call__(self, images, labels):
             clock.calls[policy] = clock.calls.get(policy, 0) + 1
-            clock.now += next(clock.script[policy]) / 1e3
+            clock.order.append(policy)
+            ms = clock.script[policy]
+            clock.now += (ms.pop(0) if len(ms) > 1 else ms[0]) / 1e3
             return real(images, labels)
 
         self.train_step = Step()
@@ -69,47 +72,84 @@ def build(cfg):
   return lambda: model.build_model(cfg, 10)
 
 
-@pytest.mark.parametrize("calls,expect_ms,timed,stopped", [
-    # The 16-bit policy's calls (first, second, timed ...) in ms; float32's are 40
-    # (first), 20 (second), then 10 and 10 -> its ms/step, steps timed, why it stopped.
-    ([60.0, 30.0, 20.0, 24.0], 22.0, 2, None),  # ~2x: timed fully, the median.
-    ([60.0, 120.0], 60.0, 0, "second call > 5x"),  # As warm as float32 got: 120 / 2.
-    ([230.0], 200.0, 0, "first call > 5x"),  # That call less float32's 30 ms overhead.
+@pytest.mark.parametrize("calls,expect_ms,timed,bound", [
+    # The 16-bit policy's calls (first, then the rest) in ms; float32's are 40 (first),
+    # 20, then 10s -> its ms/step, the calls timed after its first, its bound.
+    ([60.0, 30.0, 22.0, 21.0, 22.0], 22.0, 4, None),  # Settled: its last 3 agree.
+    # Two calls fit the budget (2 of float32's steps + 5 s), a third would not: still
+    # falling, so its step is at most its last call, not an estimate.
+    ([3000.0, 2500.0, 2000.0], 2000.0, 2, "at most"),
+    # Its second call, float32's scaled by their first calls (~45 s), would pass the
+    # budget: at most its first call.
+    ([90000.0], 90000.0, 0, "at most"),
 ])
-def test_each_policy_is_timed_float32_first_and_a_clearly_slow_one_is_cut_short(
-    calls, expect_ms, timed, stopped, monkeypatch):
+def test_each_policy_is_timed_until_it_settles_and_a_slow_one_stops_as_a_bound(
+    calls, expect_ms, timed, bound, monkeypatch):
   """The real step of a tiny model runs; the scripted clock says how long each call
-  took. A 16-bit policy clearly > 5x float32's is timed no further than it must."""
-  clock = ScriptedCalls({"float32": [40.0, 20.0, 10.0, 10.0], "mixed_bfloat16": calls})
+  took. Interleaved: float32's first two calls, the other's first, then one call
+  each a round."""
+  clock = ScriptedCalls({"float32": [40.0, 20.0, 10.0, 10.0, 10.0],
+                         "mixed_bfloat16": calls})
   monkeypatch.setattr(cost.steps_lib, "Steps", clock.counting(cost.steps_lib.Steps))
-  cfg = tiny_cfg()
-  found = cost.measure(cfg, build(cfg), ["float32", "mixed_bfloat16"], clock=clock)
+  cfg, builds = tiny_cfg(), []
+  found = cost.measure(cfg, lambda: builds.append(1) or build(cfg)(),
+                       ["float32", "mixed_bfloat16"], clock=clock)
+  assert builds == [1]  # One model, built once, every candidate traced over it.
   f32, bf16 = found.of("float32"), found.of("mixed_bfloat16")
-  assert (f32.first_ms, f32.second_ms, f32.ms_per_step, f32.steps_timed) == (
-      40.0, 20.0, 10.0, 2)
-  assert bf16.ms_per_step == pytest.approx(expect_ms) and bf16.steps_timed == timed
-  assert (bf16.stopped or "").startswith(stopped or "")
-  assert bool(bf16.stopped) == bool(stopped)
-  assert clock.calls["mixed_bfloat16"] == len(calls)  # No step ran that was not needed.
+  assert (f32.first_ms, f32.ms_per_step, f32.steps_timed, f32.bound) == (
+      40.0, 10.0, 4, None)
+  assert bf16.ms_per_step == expect_ms and bf16.steps_timed == timed
+  assert bf16.bound == bound and bool(bf16.stopped) == bool(bound)
+  assert clock.calls["mixed_bfloat16"] == timed + 1  # No call that was not needed.
+  assert clock.order[:4] == ["float32"] * 2 + ["mixed_bfloat16", "float32"]
   assert found.batch == 32 and found.key["batch"] == 32
   assert found.key["model"] == "seed_convnet" and found.key["image_size"] == 16
+  if bound:
+    assert found.predicted() == {"float32": 10.0}  # A bound is not a figure ...
+    assert found.bounds() == {"mixed_bfloat16": ("at most", expect_ms / 10.0)}
+    assert f"mixed_bfloat16 at most ~{expect_ms:,.0f} (at most " in cost_lib.one_line(
+        found, "on")
 
 
-def test_calls_after_the_first_ones_stop_at_the_budget(monkeypatch):
-  """First calls (graph optimisation, whatever they take) aside, second calls and
-  timed steps may take two of float32's steps and BUDGET_S more: here float32's 2 s
-  steps leave 9 s; mixed_bfloat16's first call (90 s: far more than float32's, and
-  still under STOP x float32's) and second call are made, its first timed step would
-  pass the budget and is not: its second call is its estimate."""
-  clock = ScriptedCalls({"float32": [40000.0, 2000.0, 2000.0, 2000.0],
-                         "mixed_bfloat16": [90000.0, 3000.0, 3000.0, 3000.0]})
+def test_the_run_policy_is_timed_right_after_float32_and_the_budget_is_float32s(
+    monkeypatch):
+  """After the first calls, calls may take two of float32's steps and BUDGET_S more
+  (float32's 200 ms steps leave 5.4 s): mixed_float16's second call (3 s) fits, a
+  third would not; the run's own policy is made and timed before the other."""
+  clock = ScriptedCalls({"float32": [400.0, 200.0, 200.0, 200.0],
+                         "mixed_bfloat16": [300.0, 100.0, 100.0, 100.0],
+                         "mixed_float16": [500.0, 3000.0]})
+  monkeypatch.setattr(cost.steps_lib, "Steps", clock.counting(cost.steps_lib.Steps))
+  cfg = tiny_cfg(policy="mixed_float16")
+  found = cost.measure(cfg, build(cfg), list(cost_lib.POLICIES), clock=clock)
+  assert cost.BUDGET_S == 5.0 and clock.order[:4] == [
+      "float32", "float32", "mixed_float16", "mixed_bfloat16"]
+  f16 = found.of("mixed_float16")
+  assert clock.calls["mixed_float16"] == 2 and (f16.bound, f16.ms_per_step) == (
+      "at most", 3000.0)
+  assert f16.stopped.startswith("timing stopped: the budget (2 of float32's steps")
+  assert found.of("mixed_bfloat16").ms_per_step == 100.0  # Settled meanwhile.
+
+
+def test_measuring_takes_at_most_its_share_of_the_planned_training(monkeypatch):
+  """A run planning 40 steps: 10% of 40 of float32's steps, as its second call put it
+  (20 ms), is 80 ms; float32's first two calls took 60 and mixed_bfloat16's trace and
+  first call would take about as long as float32's (40): it is not made at all, and
+  says why."""
+  clock = ScriptedCalls({"float32": [40.0, 20.0, 10.0, 10.0, 10.0],
+                         "mixed_bfloat16": [30.0, 15.0, 5.0, 5.0]})
   monkeypatch.setattr(cost.steps_lib, "Steps", clock.counting(cost.steps_lib.Steps))
   cfg = tiny_cfg()
-  found = cost.measure(cfg, build(cfg), ["float32", "mixed_bfloat16"], clock=clock)
+  found = cost.measure(cfg, build(cfg), ["float32", "mixed_bfloat16"], clock=clock,
+                       planned_steps=40)
   bf16 = found.of("mixed_bfloat16")
-  assert cost.BUDGET_S == 5.0 and clock.calls == {"float32": 4, "mixed_bfloat16": 2}
-  assert bf16.stopped.startswith("the budget before step 1")
-  assert bf16.second_ms == 3000.0 and bf16.ms_per_step == pytest.approx(3000.0)
+  assert "mixed_bfloat16" not in clock.calls and bf16.ms_per_step is None
+  assert bf16.stopped == ("not timed: 10% of the run's planned training (40 steps of "
+                          "~10 ms: 0.04 s) was spent; a run of more steps times it")
+  assert found.of("float32").ms_per_step == 10.0
+  # Nothing more to time for a run as short; a longer one times it.
+  assert (bf16.known_for(40), bf16.known_for(400), bf16.known_for(None)) == (
+      True, False, False)
 
 
 SPR_TABLE = DATA / "kernels" / "intel_spr_amx_recorded.json"
@@ -120,7 +160,7 @@ def test_a_policy_the_kernel_table_marks_pathological_is_predicted_not_run(
     policy, monkeypatch):
   """The recorded Sapphire Rapids table puts float16's convolutions ~100x float32's:
   that policy's step is float32's by the table's ratio and never runs, unless it is
-  the run's own policy (then it is timed, and stops after its slow first call)."""
+  the run's own policy (then it is timed, and stops at the budget as a bound)."""
   table = json.loads(SPR_TABLE.read_text())
   clock = ScriptedCalls({"float32": [40.0, 20.0, 10.0, 10.0],
                          "mixed_bfloat16": [30.0, 15.0, 5.0, 5.0],
@@ -138,7 +178,8 @@ def test_a_policy_the_kernel_table_marks_pathological_is_predicted_not_run(
     assert f16.stopped.startswith("predicted from the kernel table")
     assert "predicted from the kernel table" in cost_lib.one_line(found, "on")
   else:
-    assert clock.calls["mixed_float16"] == 1 and not f16.predicted
+    assert clock.calls["mixed_float16"] == 2 and not f16.predicted
+    assert (f16.bound, f16.ms_per_step) == ("at most", 4000.0)
   assert found.of("mixed_bfloat16").ms_per_step == 5.0 and not found.of(
       "mixed_bfloat16").predicted
 
@@ -228,7 +269,7 @@ def test_measured_once_then_read_from_the_cache_and_short_runs_skip_it(monkeypat
   monkeypatch.delenv("MPT_COST")
   calls = []
 
-  def fake_measure(cfg, build, policies, base=None, **_):
+  def fake_measure(cfg, build, policies, **_):
     calls.append(list(policies))
     return Cost(key(cfg), precision_onednn(), 32,
                 [PolicyCost(p, ms_per_step=1.0 + i) for i, p in enumerate(policies)])
@@ -252,26 +293,27 @@ def precision_onednn() -> bool:
 
 
 def test_a_partial_cache_of_the_onednn_choice_is_completed_not_remeasured(monkeypatch):
-  """The oneDNN choice's children measure float32 and the run's policy; the run then
-  times only the policies still missing, and float32's row is passed on as the base
-  of the 5x stop rule."""
+  """The oneDNN choice's child measured float32 and the run's policy; the run then
+  times the policies still missing beside float32 (the baseline is always timed), and
+  the cached row keeps its ratio to its own float32 over the fresh one."""
   monkeypatch.delenv("MPT_COST")
   cfg = tiny_cfg(image_size=18)
-  f32 = PolicyCost("float32", ms_per_step=50.0, first_ms=90.0, second_ms=60.0)
   cost_lib.save(Cost(key(cfg), precision_onednn(), 32,
-                     [f32, PolicyCost("mixed_float16", ms_per_step=150.0)]))
+                     [PolicyCost("float32", ms_per_step=50.0),
+                      PolicyCost("mixed_float16", ms_per_step=150.0)]))
   seen = {}
 
-  def fake_measure(cfg, build, policies, base=None, **_):
-    seen.update(policies=list(policies), base=base)
+  def fake_measure(cfg, build, policies, **kwargs):
+    seen.update(policies=list(policies))
     return Cost(key(cfg), precision_onednn(), 32,
-                [base, PolicyCost("mixed_bfloat16", ms_per_step=25.0)])
+                [PolicyCost("float32", ms_per_step=40.0),
+                 PolicyCost("mixed_bfloat16", ms_per_step=25.0)])
 
   monkeypatch.setattr(cost, "measure", fake_measure)
   found, _ = cost.for_run(cfg, None, 100)
-  assert seen == {"policies": ["mixed_bfloat16"], "base": f32}
-  assert found.predicted() == {"float32": 50.0, "mixed_bfloat16": 25.0,
-                               "mixed_float16": 150.0}
+  assert seen == {"policies": ["mixed_bfloat16"]}
+  assert found.predicted() == {"float32": 40.0, "mixed_bfloat16": 25.0,
+                               "mixed_float16": 120.0}
 
 
 def test_the_line_before_step_1(tmp_path):
@@ -301,6 +343,24 @@ def test_the_warning_fires_exactly_from_2x_the_measured_step(f16_ms, warned, tmp
     assert "this model's step measured 2x float32's time here (~400 vs ~200 " \
            "ms/step)" in out and "--policy=mixed_bfloat16" in out
     assert "Conv2DBackpropFilter" in out  # The kernel table still names the op.
+
+
+@pytest.mark.parametrize("bound,ratio,slow,fastest", [
+    ("at least", 3.0, True, "float32"),  # Decides it slow: warned, as a bound.
+    ("at most", 8.0, False, "float32"),  # Decides nothing: a note, no warning.
+    ("at most", 0.5, False, "mixed_bfloat16"),  # Faster than float32 whatever it is.
+])
+def test_a_bound_decides_the_verdict_only_where_it_decides_it(bound, ratio, slow,
+                                                              fastest):
+  found = fastpath.verdict("mixed_bfloat16", None, ["conv"], set(), [], "x",
+                           {"float32": 100.0, "mixed_float16": 300.0},
+                           (bound, ratio))
+  assert (found.evidence, found.slow, found.bound, found.fastest) == (
+      "cost", slow, bound, fastest)
+  said = found.text if slow else found.note
+  assert f"measured {bound} {cost_lib.times(ratio)} float32's time here" in said
+  assert ("undecided" in said) is (not slow and fastest == "float32")
+  assert "mixed_bfloat16" not in found.policy_ratios  # A bound is no ratio to compare.
 
 
 def test_without_a_step_measurement_the_kernel_table_decides():
@@ -373,7 +433,8 @@ def test_a_run_with_xla_also_times_its_step_without_it(monkeypatch):
   (XLA was measured 12-29x slower on a CPU); the uniform rows keep the run's XLA."""
   jits = []
   # Both rows are float32's: one script, in the interleaved order of their calls.
-  clock = ScriptedCalls({"float32": [40.0, 30.0, 20.0, 15.0, 10.0, 5.0, 10.0, 5.0]})
+  clock = ScriptedCalls({"float32": [40.0, 20.0, 30.0, 10.0, 5.0, 10.0, 5.0, 10.0,
+                                     5.0]})
   counted = clock.counting(cost.steps_lib.Steps)
 
   class Seen(counted):
@@ -393,10 +454,42 @@ def test_a_run_with_xla_also_times_its_step_without_it(monkeypatch):
   monkeypatch.delenv("MPT_COST")
   monkeypatch.setattr(cost_lib, "POLICIES", ("float32",))
   cfg = tiny_cfg(jit_compile=True, image_size=19)  # A key no other test caches.
-  found, _ = cost.for_run(cfg, build(dataclasses.replace(cfg)), 100)
+  # A run long enough that its share of the training lets every call through.
+  found, _ = cost.for_run(cfg, build(dataclasses.replace(cfg)), 10_000)
   assert seen["plans"] == (("float32", "", False),) and jits == [True, False]
   with_xla, without = found.of("float32"), found.of("float32", "", False)
-  # With XLA its calls took 40, 20, 10, 10; without: 30, 15, 5, 5.
+  # With XLA its calls took 40, 20 (before the other's first), 10, 10, 10; without:
+  # 30, 5, 5, 5.
   assert (with_xla.ms_per_step, without.ms_per_step) == (10.0, 5.0)
   assert found.predicted() == {"float32": 10.0}
   assert "float32 with XLA off ~5.0 (0.5x)" in cost_lib.one_line(found, "on")
+
+
+def _cost(rows: dict, **row_changes) -> Cost:
+  return Cost({"model": "checked"}, True, 32, [
+      PolicyCost(p, ms_per_step=v, spread=0.02, **row_changes.get(p, {}))
+      for p, v in rows.items()])
+
+
+def test_the_runs_own_steps_check_its_policys_row_and_replace_the_cache_entry(
+    monkeypatch, tmp_path):
+  """Within the row's spread (at least the timer's 10%): the record as it was. Beyond
+  it, a settled row scales every row alike (the ratios were timed side by side), a
+  bound takes the run's figure alone; the cache holds the checked record."""
+  monkeypatch.setenv("MPT_CACHE", str(tmp_path))
+  ms = {"float32": 100.0, "mixed_bfloat16": 50.0, "mixed_float16": 300.0}
+  agreed = _cost(ms)
+  assert cost.checked_by_run(agreed, "float32", "", 109.0, 20, "run") is agreed
+  fixed = cost.checked_by_run(_cost(ms), "float32", "", 120.0, 20, "run")
+  assert fixed.predicted() == {"float32": 120.0, "mixed_bfloat16": 60.0,
+                               "mixed_float16": 360.0}
+  assert fixed.of("float32").from_run == ("run: its own 20 steps measured 120.0 ms/step; "
+                                          "timed before step 1: 100.0 ms, every row "
+                                          "scaled alike")
+  assert (fixed.of("float32").timed_ms, fixed.of("mixed_bfloat16").timed_ms) == (
+      100.0, 50.0)
+  assert cost_lib.cached({"model": "checked"}).predicted() == fixed.predicted()
+  bounded = _cost(ms, mixed_bfloat16={"bound": "at most", "stopped": "timing stopped"})
+  fixed = cost.checked_by_run(bounded, "mixed_bfloat16", "", 70.0, 20, "run")
+  assert fixed.predicted() == {**ms, "mixed_bfloat16": 70.0} and not fixed.bounds()
+  assert "timed before step 1: at most 50.0 ms" in fixed.of("mixed_bfloat16").from_run

@@ -20,8 +20,10 @@ SPR = str(helpers.CPUINFO / "intel_spr_amx_recorded.txt")
 
 
 @pytest.fixture
-def zen3(monkeypatch):
-  """A CPU where TF leaves the rewrite off, nothing set, the measurement allowed."""
+def zen3(monkeypatch, tmp_path):
+  """A CPU where TF leaves the rewrite off, nothing set, the measurement allowed, an
+  empty cache (a choice is cached per machine and model)."""
+  monkeypatch.setenv("MPT_CACHE", str(tmp_path / "cache"))
   monkeypatch.setenv("MPT_CPUINFO", ZEN3)
   monkeypatch.delenv("MPT_COST")
   monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS", raising=False)
@@ -50,6 +52,22 @@ def test_where_tf_leaves_it_off_both_settings_are_measured_and_the_faster_kept(z
   assert choice.measured_ms == {"on": 150.0, "off": 200.0}
   assert "~150 ms with it, ~200 without (1.33x; measured in " in choice.why
   assert "TF leaves it off on CPUs without AVX512_VNNI" in choice.why
+
+
+def test_the_choice_is_measured_once_per_machine_and_model(zen3):
+  """A second run of the model (another batch, another length) reads the choice its
+  first measured: nothing measured again, the line says where it came from."""
+  calls = []
+  first = onednn_choice.choose(config.Config(), scripted({True: 150.0, False: 200.0},
+                                                         calls))
+  again = onednn_choice.choose(config.Config(batch_size=64, epochs=9),
+                               scripted({True: 1.0, False: 1.0}, calls))
+  assert len(calls) == 2 and (again.on, again.measured_ms) == (True, first.measured_ms)
+  assert again.source.startswith("cache: ") and "measured once per machine and model" \
+      in again.why
+  other = onednn_choice.choose(config.Config(model="resnet"),
+                               scripted({True: 1.0, False: 1.0}, calls))
+  assert len(calls) == 4 and other.source == "measured"
 
 
 def test_a_difference_within_the_margin_keeps_tfs_default(zen3):
