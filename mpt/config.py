@@ -219,7 +219,7 @@ def validate(cfg: Any) -> Any:
   Any options dataclass built with `flag()` gets the choices and bounds checks; a
   Config also the checks of one run.
   """
-  for f in fields(cfg):
+  for f in fields(Config if isinstance(cfg, Config) else cfg):  # A Plan: its flags.
     value = getattr(cfg, f.name)
     choices, bound = f.metadata["choices"], f.metadata["lower_bound"]
     if choices and value not in choices:
@@ -256,15 +256,13 @@ def layer_policies(spec: str) -> list[tuple[str, str]]:
   return parse_patterns(spec, "layer_policy", tuple(POLICY_DTYPE))
 
 
-def sixteen_bit(policy: str, layer_policy: str = "") -> str | None:
+def sixteen_bit(policy: str, layers: Any = ()) -> str | None:
   """The 16-bit policy a run computes in: its policy where that is 16-bit, else the
-  first 16-bit policy its --layer_policy gives layers (a float32 run that keeps its
-  convolutions in float16 is a 16-bit run); None where every layer is float32. The
-  one answer to "is this run 16-bit" (numerics, the detectors; loss scaling asks the
-  narrower `scales_loss`)."""
-  if policy in SIXTEEN:
-    return policy
-  return next((p for _, p in layer_policies(layer_policy) if p in SIXTEEN), None)
+  first 16-bit policy its --layer_policy pairs (`layer_policies`) give layers (a
+  float32 run that keeps its convolutions in float16 is a 16-bit run); None where
+  every layer is float32. The one answer to "is this run 16-bit" (a run's Plan, the
+  records; loss scaling asks the narrower `scales`)."""
+  return next((p for p in (policy, *(p for _, p in layers)) if p in SIXTEEN), None)
 
 
 def scales(*policies: str) -> bool:
@@ -273,9 +271,10 @@ def scales(*policies: str) -> bool:
   return any(POLICY_DTYPE.get(p) == "float16" for p in policies)
 
 
-def scales_loss(cfg: Any) -> bool:
-  """Whether any layer of the run computes in float16 (loss scaling is then used)."""
-  return scales(cfg.policy, *(p for _, p in layer_policies(cfg.layer_policy)))
+def scales_loss(run: Any) -> bool:
+  """Whether any layer of a recorded run (its policy and --layer_policy strings)
+  computes in float16 (loss scaling is then used)."""
+  return scales(run.policy, *(p for _, p in layer_policies(run.layer_policy)))
 
 
 def from_flagfile(text: str) -> Config:

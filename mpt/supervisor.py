@@ -36,18 +36,21 @@ import threading
 
 from mpt import console
 from mpt import errors
-from mpt.errors import EXIT, STOP_SIGNALS
+from mpt.errors import STOP_SIGNALS
 from mpt.records import runs as runs_lib
 from mpt.records import summary as summary_lib
 
 ENV = "MPT_SUPERVISED"
 RUN_DIR_FILE = "MPT_RUN_DIR_FILE"
-OOM_EXIT = EXIT["oom"]  # What a sweep reads off a cell's status.
 # A file of `oom_kill N` lines standing in for the kernel's counters (tests: another
 # process of the host may be OOM-killed while one runs).
 OOM_KILLS_ENV = "MPT_OOM_KILLS"
 PROC = pathlib.Path("/proc")
 CGROUP = pathlib.Path("/sys/fs/cgroup")
+# Endings a run recorded itself: a death after one leaves summary.json as it was.
+RECORDED = ("completed", "interrupted", "diverged")
+
+
 def supervised() -> bool:
   return os.environ.get(ENV) == "1"
 
@@ -215,8 +218,7 @@ class Death:
     """(status, why): named by what is known, never by the signal alone."""
     phase = ("before its run folder existed (starting up)" if run_dir is None else
              "after the run had ended and recorded itself" if summary is not None and
-             summary.status in ("completed", "interrupted", "diverged") else
-             "while training")
+             summary.status in RECORDED else "while training")
     memory, isa = self._said()
     died = f"the training process died of {self.sig.name} {phase}"
     if self.sig == signal.SIGKILL and self.counted is False:  # Sent from outside mpt.
@@ -251,7 +253,7 @@ def _died(death: "Death", run_dir: pathlib.Path | None) -> int:
   status, why = death.named(run_dir, summary)
   where = ""
   if summary is not None:
-    if summary.status not in ("completed", "interrupted", "diverged"):
+    if summary.status not in RECORDED:
       resume = (f"; --resume={run_dir} continues from its last checkpoint"
                 if status == "interrupted" and summary.checkpoints else "")
       summary.status, summary.message = status, why + resume

@@ -25,17 +25,22 @@ third-party internal (a private attribute or keyword, a module path with a `_`
 component, TF/Keras/xprof modules listed in PRIVATE_MODULES, `compat.v1`) used outside
 the one module INTERNALS names for it, or an internal there no longer is; a function
 over 60 lines, a module over 300 lines of code, a parameter list over 8 (self/cls
-not counted); `--help` importing TensorFlow. A module's size counts its code only:
+not counted); `--help` importing TensorFlow; a copy of a rule that has one owner
+(OWNED): a ratio formatted outside mpt/records/cost.py's `times`, a test `in SIXTEEN`,
+a literal list of policy names or a module-level copy of config's tables outside
+mpt/config.py, a `*MARGIN` set outside mpt/records/cost.py and
+mpt/diagnose/thresholds.py. A module's size counts its code only:
 blank lines, comments and docstrings are free, so that no module meets its cap by
 deleting the reasons it gives (the cap on all lines did: comments were cut to fit).
 
-  python tests/test_architecture.py [PACKAGE_DIR]   # edges, chains, floors, sizes
+  python tests/test_architecture.py [PACKAGE_DIR]   # edges, chains, floors, sizes, copies
 """
 
 import ast
 import functools
 import importlib
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -397,6 +402,157 @@ def test_the_size_checks_count_lines_and_parameters(tmp_path):
   assert _sizes(tmp_path)["modules"] == []
 
 
+# Rules with one owner each (issue 66): a copy elsewhere drifts from the owner.
+# {what: (the modules that may state it, the owner a copy should call instead)}.
+OWNED = {
+    "ratio": (("mpt.records.cost",), "mpt/records/cost.py times()"),
+    "policies": (("mpt.config",), "mpt/config.py POLICY_DTYPE, SIXTEEN, sixteen_bit()"),
+    "margin": (("mpt.records.cost", "mpt.diagnose.thresholds"),
+               "mpt/records/cost.py, or mpt/diagnose/thresholds.py for the diagnosis"),
+    # A run's flag strings are parsed once, into its Plan; a record's recorded flags
+    # (summary.json, a capture's run) are read back by the records that hold them.
+    "flags": (("mpt.config", "mpt.train.common.plan", "mpt.records.summary",
+               "mpt.diagnose.gpu_evidence"), "mpt/train/common/plan.py Plan"),
+}
+FLAG_PARSERS = {"layer_policies", "parse_opts", "parse_steps"}
+POLICY_NAMES = {"float32", "mixed_bfloat16", "mixed_float16"}
+CONFIG_TABLES = {"POLICY_DTYPE", "SIXTEEN", "POLICIES"}  # mpt/config.py's.
+COPIERS = {"tuple", "list", "set", "frozenset", "sorted"}
+RATIO_TEXT = re.compile(r"\{[^{}]*:[^{}]*[fg]\}x|%[-+ #0-9.,]*[fg]x")
+
+
+def _ratio_formats(tree: ast.Module) -> list[ast.AST]:
+  """f-strings (and format strings) that print a ratio themselves: `{r:.2f}x`."""
+  found = []
+  for node in ast.walk(tree):
+    if isinstance(node, ast.JoinedStr):
+      for part, after in zip(node.values, node.values[1:]):
+        spec = getattr(part, "format_spec", None)
+        text = spec.values[-1] if spec and spec.values else None
+        if isinstance(text, ast.Constant) and str(text.value).endswith(("f", "g")) \
+            and isinstance(after, ast.Constant) and str(after.value).startswith("x"):
+          found.append(part)
+    elif isinstance(node, ast.Constant) and isinstance(node.value, str) and \
+        RATIO_TEXT.search(node.value):
+      found.append(node)
+  return found
+
+
+def _table(node) -> str | None:
+  """The config table `node` names (`SIXTEEN`, `config.SIXTEEN`), or None."""
+  name = node.id if isinstance(node, ast.Name) else \
+      node.attr if isinstance(node, ast.Attribute) else None
+  return name if name in CONFIG_TABLES else None
+
+
+def _copied_table(node) -> str | None:
+  """The config table a module-level value copies: the table itself, `tuple(T)`,
+  `sorted(p for p in T ...)`; not a figure derived from it (`set(T.values())`)."""
+  while isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and \
+      node.func.id in COPIERS and node.args:
+    node = node.args[0]
+  if isinstance(node, (ast.GeneratorExp, ast.ListComp, ast.SetComp)):
+    node = node.generators[0].iter
+  return _table(node)
+
+
+def _policy_copies(tree: ast.Module) -> list[tuple[ast.AST, str]]:
+  """Tests `in SIXTEEN` (config.sixteen_bit is the one answer), literal collections
+  of two or more policy names, and module-level aliases of config's tables."""
+  found = []
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Compare) and any(
+        isinstance(op, (ast.In, ast.NotIn)) and _table(c) == "SIXTEEN"
+        for op, c in zip(node.ops, node.comparators)):
+      found.append((node, "`in SIXTEEN`"))
+    items = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else \
+        node.keys if isinstance(node, ast.Dict) else []
+    names = [i.value for i in items if isinstance(i, ast.Constant)
+             and i.value in POLICY_NAMES]
+    if len(names) >= 2:
+      found.append((node, f"policy names listed ({', '.join(names)})"))
+  for node in tree.body:
+    if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None and \
+        _copied_table(node.value):
+      found.append((node, f"a copy of config.{_copied_table(node.value)}"))
+  return found
+
+
+def _margins(tree: ast.Module) -> list[tuple[ast.AST, str]]:
+  """Module-level names ending in MARGIN: a cut-off, kept with its kind."""
+  found = []
+  for node in tree.body:
+    targets = node.targets if isinstance(node, ast.Assign) else \
+        [node.target] if isinstance(node, ast.AnnAssign) else []
+    found += [(node, f"{t.id} set") for t in targets
+              if isinstance(t, ast.Name) and t.id.endswith("MARGIN")]
+  return found
+
+
+def _flag_parses(tree: ast.Module) -> list[tuple[ast.AST, str]]:
+  """Calls that parse a run's flag string (FLAG_PARSERS)."""
+  return [(node, f"a flag parsed again ({name})") for node in ast.walk(tree)
+          if isinstance(node, ast.Call) and (name := getattr(
+              node.func, "attr", getattr(node.func, "id", None))) in FLAG_PARSERS]
+
+
+def owned_copies(package: pathlib.Path) -> list[tuple[str, int, str, str]]:
+  """(file, line, what, its owner) for each copy of an OWNED rule outside its owner."""
+  out = []
+  for name, path in _modules(package).items():
+    tree = ast.parse(path.read_text(), str(path))
+    found = {"ratio": [(n, "a ratio formatted here") for n in _ratio_formats(tree)],
+             "policies": _policy_copies(tree), "margin": _margins(tree),
+             "flags": _flag_parses(tree)}
+    for kind, hits in found.items():
+      owners, owner = OWNED[kind]
+      out += [(str(path.relative_to(package.parent)), node.lineno, what, owner)
+              for node, what in hits if name not in owners]
+  return sorted(out, key=lambda c: c[:2])
+
+
+def test_no_copy_of_an_owned_rule():
+  copies = [f"{f}:{line}: {what} (use {owner})" for f, line, what, owner in
+            owned_copies(PACKAGE)]
+  assert not copies, "copies of a rule that has one owner:\n" + "\n".join(copies)
+
+
+def test_the_owner_check_sees_each_kind_of_copy(tmp_path):
+  (tmp_path / "records").mkdir()
+  (tmp_path / "config.py").write_text(
+      'POLICY_DTYPE = {"float32": "float32", "mixed_float16": "float16"}\n'
+      'SIXTEEN = {p: d for p, d in POLICY_DTYPE.items() if d != "float32"}\n'
+      'def sixteen_bit(p):\n  return p if p in SIXTEEN else None\n')
+  (tmp_path / "records" / "cost.py").write_text(
+      'ONEDNN_MARGIN = 0.05\ndef times(r):\n  return f"{r:.3g}x"\n')
+  (tmp_path / "probe.py").write_text(
+      'from mpt import config\nfrom mpt.config import SIXTEEN\n'
+      'a = f"{r:.2f}x faster"\n'                       # 3: a ratio
+      'b = f"at most {1 / s:.1f}x" + "%.0fx" % r\n'    # 4: two
+      'c = policy in config.SIXTEEN or p not in SIXTEEN\n'  # 5: two
+      'for p in ("float32", "mixed_float16"): pass\n'  # 6: names listed
+      'd = {"float32": 1, "mixed_bfloat16": 2}\n'      # 7: names listed
+      'POLICIES = tuple(config.POLICY_DTYPE)\n'        # 8: a copy
+      'HALF = SIXTEEN\n'                               # 9: a copy
+      'ALL = sorted(p for p in config.POLICIES if p != "auto")\n'  # 10: a copy
+      'PLAN_MARGIN = 0.05\n'                           # 11: a margin
+      'pairs = config.layer_policies(cfg.layer_policy)\n'  # 12: a flag parsed
+      # Not copies: the owners used, one name, other formats, derived figures.
+      'e = config.sixteen_bit(p) or policy == "float32" or config.SIXTEEN.get(p)\n'
+      'f = f"{ms:.1f} ms, {share:.0%}, {n}x, {r:.2f} x"\n'
+      'DTYPES = set(config.SIXTEEN.values())\n'
+      'g = ("float32", "bfloat16", "float16")\n'
+      'def h():\n  MARGIN = 0.1\n  return MARGIN\n')
+  assert [(line, what) for _, line, what, _ in owned_copies(tmp_path)] == [
+      (3, "a ratio formatted here"), (4, "a ratio formatted here"),
+      (4, "a ratio formatted here"), (5, "`in SIXTEEN`"), (5, "`in SIXTEEN`"),
+      (6, "policy names listed (float32, mixed_float16)"),
+      (7, "policy names listed (float32, mixed_bfloat16)"),
+      (8, "a copy of config.POLICY_DTYPE"), (9, "a copy of config.SIXTEEN"),
+      (10, "a copy of config.POLICIES"), (11, "PLAN_MARGIN set"),
+      (12, "a flag parsed again (layer_policies)")]
+
+
 @pytest.mark.parametrize("argv", [["--help"], ["--helpfull"], ["--batch_size=0x"]])
 def test_help_and_flag_errors_import_no_tensorflow(argv):
   probe = ("import runpy, sys\nsys.argv = ['mpt'] + sys.argv[1:]\n"
@@ -495,6 +651,8 @@ def report(package: pathlib.Path) -> str:
             "parameters": MAX_PARAMETERS}
   for kind, over in _sizes(package).items():
     lines.append(f"{kind} over {limits[kind]} ({len(over)}): {'; '.join(over) or 'none'}")
+  copies = [f"{f}:{line} {what}" for f, line, what, _ in owned_copies(package)]
+  lines.append(f"copies of owned rules ({len(copies)}): {'; '.join(copies) or 'none'}")
   return "\n".join(lines)
 
 

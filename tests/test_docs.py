@@ -115,3 +115,31 @@ def test_the_readme_states_the_suites_size(request):
   assert said and int(said.group(1)) == len(request.session.items), (
       f"README says {said and said.group(1)} tests; the suite has "
       f"{len(request.session.items)}")
+
+
+def unnamed_modules(package) -> dict[str, list[str]]:
+  """{package: its modules (and subpackages) its __init__'s docstring does not name}
+  for every package under `package` (the top one's docstring is the library's API)."""
+  import ast
+  missing = {}
+  for init in sorted(package.rglob("__init__.py")):
+    if init.parent == package:
+      continue
+    doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+    names = [p.name for p in init.parent.glob("*.py") if p.name != "__init__.py"]
+    names += [f"{p.name}/" for p in init.parent.iterdir() if (p / "__init__.py").is_file()]
+    if [n for n in names if n not in doc]:
+      missing[str(init.parent.relative_to(package.parent))] = sorted(
+          n for n in names if n not in doc)
+  return missing
+
+
+def test_every_rooms_docstring_names_every_module_in_it(tmp_path):
+  """A room's docstring is its map: a module it does not name is a room a newcomer
+  cannot find. The check, then a planted module it must see."""
+  assert not unnamed_modules(ROOT / "mpt")
+  (tmp_path / "mpt" / "room").mkdir(parents=True)
+  (tmp_path / "mpt" / "room" / "__init__.py").write_text('"""kept.py: kept."""\n')
+  for name in ("kept.py", "new.py"):
+    (tmp_path / "mpt" / "room" / name).write_text("")
+  assert unnamed_modules(tmp_path / "mpt") == {"mpt/room": ["new.py"]}

@@ -17,6 +17,7 @@ import dataclasses
 import pathlib
 
 from mpt import config
+from mpt.records import cost as cost_records
 from mpt.records import spread
 from mpt.records import summary as summary_lib
 from mpt.records.summary import RunSummary
@@ -147,7 +148,7 @@ def row(line: Line) -> list[str]:
   ips = s.images_per_sec
   if ips is None and s.ms_per_step and s.batch_size:
     ips = s.batch_size / s.ms_per_step * 1e3
-  speedup = "-" if line.speedup is None else f"{line.speedup:.2f}x"
+  speedup = "-" if line.speedup is None else cost_records.times(line.speedup)
   if line.speedup is not None and line.baseline.summary.loop != s.loop:
     speedup += f" (vs {line.baseline.summary.loop})"
   notes = line.differs + ([s.status] if s.status != "completed" else [])
@@ -249,8 +250,9 @@ def plot(rows: list[Line], path: pathlib.Path) -> str | None:
             color=colours.get(s.policy, "grey"), capsize=3, edgecolor="black",
             hatch="//" if l.differs else None, linewidth=0.5)
     if l.speedup is not None:  # Past the whisker, so that neither hides the other.
-      ax.annotate(f"{l.speedup:.2f}x", (max(ms, times["p90"] if whiskers else ms), y),
-                  xytext=(4, 0), textcoords="offset points", va="center", fontsize=8)
+      ax.annotate(cost_records.times(l.speedup),
+                  (max(ms, times["p90"] if whiskers else ms), y), xytext=(4, 0),
+                  textcoords="offset points", va="center", fontsize=8)
   ax.set_yticks(range(len(shown)))
   ax.set_yticklabels([row(l)[0] for l in shown], fontsize=8)
   ax.invert_yaxis()  # The table's order, top to bottom.

@@ -81,7 +81,7 @@ class Evidence:
     if self.speedup:
       return 1 / self.speedup, "sibling runs"
     found = self.verdict
-    if found and found.ratio and self.summary.policy in hardware.SIXTEEN and (
+    if found and found.ratio and self.summary.sixteen and (
         found.bound != cost_records.AT_MOST):  # An upper bound measures no slowdown.
       return found.ratio, "probe"
     return None

@@ -72,12 +72,6 @@ def loss_severity(loss: float | None, unmeasured: str = "high") -> str:
   return "medium" if loss > SLOWER_THAN_FLOAT32 else "low"
 
 
-def x(v: float) -> str:
-  """A ratio as every line mpt prints says it: "231x", "3.7x", "0.57x"
-  (mpt/records/cost.py `times`)."""
-  return times(v)
-
-
 # What a verdict's ratios rest on, in words, by its evidence: this model's own step,
 # or the kernel probe's representative shapes (a guess about this model, never called
 # its own).
@@ -94,7 +88,7 @@ def ratios_line(k: PolicyVerdict) -> str:
   """Each policy's measured time over float32's, fastest first, and what it rests on."""
   ratios = sorted(k.policy_ratios.items(), key=lambda i: i[1])
   return (f"{rests_on(k)} ({k.source or 'probe'}): "
-          + ", ".join(f"{p} {x(r)}" for p, r in ratios) + " float32's time")
+          + ", ".join(f"{p} {times(r)}" for p, r in ratios) + " float32's time")
 
 
 def baseline_line(ev: Evidence) -> str:
@@ -105,7 +99,7 @@ def baseline_line(ev: Evidence) -> str:
   speedup = ev.speedup
   same_loop = "" if b.loop == s.loop else f" ({b.loop} loop)"
   return (f"{s.ms_per_step:.1f} ms/step vs {b.ms_per_step:.1f} under float32"
-          f"{same_loop} in {b.run_dir}: {speedup:.2f}x the float32 speed"
+          f"{same_loop} in {b.run_dir}: {times(speedup)} the float32 speed"
           + (f" ({1 / speedup:.1f} times slower)" if speedup < 1 else ""))
 
 

@@ -56,7 +56,8 @@ class GpuEvidence:
   def sixteen_bit(self) -> bool:
     """Whether the capture is of a 16-bit run: the run's policy, else its kernels."""
     if self.policy:
-      return config.sixteen_bit(self.policy, self.layer_policy) is not None
+      return config.sixteen_bit(self.policy,
+                                config.layer_policies(self.layer_policy)) is not None
     return (self.profile.sixteen_bit_share or 0.0) >= SIXTEEN_BIT_RUN
 
   @functools.cached_property
@@ -111,7 +112,6 @@ def bound(profile: GpuProfile, ceiling: gpu_specs.Ceiling,
     terms.append((shares["eligible_not_tc"] + shares["tensor_core"], 1.0, "eligible"))
   after = sum(share / ratio for share, ratio, _ in terms)
   formula = " + ".join(f"{share:.3f} ({what})" if ratio == 1.0
-                       else f"{share:.3f}x0 ({what})" if ratio == float("inf")
                        else f"{share:.3f}/{ratio:.3g} ({what})"
                        for share, ratio, what in terms if share)
   step = 1 / ((1 - busy) + busy * after) if busy else None

@@ -10,7 +10,7 @@ import pathlib
 from typing import Any
 
 from mpt.diagnose import findings as words
-from mpt.records import cost as cost_records
+from mpt.records.cost import times
 
 
 def _pct(x) -> str:
@@ -28,7 +28,7 @@ def format_figures(f: dict[str, Any]) -> list[str]:
   """Speed, precision, shapes, input and loss scale, one line each."""
   speed = f"{f['ms_per_step']:.1f} ms/step" if f["ms_per_step"] else "no timed steps"
   if f["speedup_vs_float32"]:
-    speed += (f", {f['speedup_vs_float32']:.2f}x float32's speed (float32: "
+    speed += (f", {times(f['speedup_vs_float32'])} float32's speed (float32: "
               f"{f['baseline_ms_per_step']:.1f} ms/step in {f['baseline_run']})")
   if f["achieved_gflops"]:
     speed += f"; {f['achieved_gflops']:.1f} GFLOP/s achieved" + (
@@ -58,8 +58,8 @@ def format_figures(f: dict[str, Any]) -> list[str]:
   if choice and choice.get("candidates"):
     lines.append(f"auto:      --policy=auto chose {choice.get('chosen')}; time over "
                  f"float32's, timed on this model: " + ", ".join(
-                     f"{c['policy']} " + (cost_records.times(1 / c["vs_float32"])
-                                          if c.get("vs_float32") else
+                     f"{c['policy']} " + (times(c["time_vs_float32"])
+                                          if c.get("time_vs_float32") else
                                           "dropped" if c.get("dropped") else "-")
                      for c in choice["candidates"]))
   if f["loss_scale"] is not None:
@@ -77,11 +77,11 @@ def _kernels(k: dict[str, Any]) -> str:
             + (k.get("text") or "no slow-path warning"))
   ratios = sorted(k["policy_ratios"].items(), key=lambda i: i[1])
   line = (f"{words.RESTS_ON[k['evidence']]} ({k.get('source') or 'probe'}): "
-          + ", ".join(f"{p} {r:.3g}x" for p, r in ratios) + " float32's time")
+          + ", ".join(f"{p} {times(r)}" for p, r in ratios) + " float32's time")
   if k.get("op"):
     line += (f"; worst {k['op']}: {k.get('impl')}"
              + (" (reference)" if k.get("reference") else "")
-             + (f", {k['op_ratio']:.3g}x" if k.get("op_ratio") else ""))
+             + (f", {times(k['op_ratio'])}" if k.get("op_ratio") else ""))
   return line
 
 
@@ -177,9 +177,9 @@ def profile_figures(f: dict[str, Any]) -> list[str]:
                f"kernels: a {f['precision']} capture")
   b = f["bound"]
   if b:
-    step = f", {b['step']:.2f}x per step" if b["step"] else ""
+    step = f", {times(b['step'])} per step" if b["step"] else ""
     what = "" if b["tensor_cores"] else " (memory-bound ops only: no Tensor Cores)"
-    lines.append(f"bound:     mixed_float16 at most {b['kernel']:.2f}x in kernel "
+    lines.append(f"bound:     mixed_float16 at most {times(b['kernel'])} in kernel "
                  f"time{step}{what}; an upper bound, not a forecast")
   return lines
 
@@ -187,8 +187,8 @@ def profile_figures(f: dict[str, Any]) -> list[str]:
 def _bound_cell(r: dict[str, Any]) -> str:
   if r["kernel_bound"] is None:
     return "16-bit already" if r["precision"] == "16-bit" else "-"
-  step = f" / {r['step_bound']:.2f}x" if r["step_bound"] else ""
-  return f"<= {r['kernel_bound']:.2f}x{step}" + ("" if r["tensor_cores"] else
+  step = f" / {times(r['step_bound'])}" if r["step_bound"] else ""
+  return f"<= {times(r['kernel_bound'])}{step}" + ("" if r["tensor_cores"] else
                                                  " (memory-bound only)")
 
 

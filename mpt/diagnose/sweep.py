@@ -19,15 +19,16 @@ import json
 import pathlib
 from typing import Any
 
+from mpt import config
 from mpt.diagnose import evidence
 from mpt.diagnose import findings as words
 from mpt.diagnose.findings import Finding, rank
 from mpt.diagnose.thresholds import HIGH_LOSS, SCALING, SLOWER_THAN_FLOAT32
-from mpt.machine.hardware import SIXTEEN
 from mpt.records import cells as cells_lib
 from mpt.records import spread
 from mpt.records import summary as summary_lib
 from mpt.records.cells import Cell
+from mpt.records.cost import times
 from mpt.records.machine import Hardware
 from mpt.records.verdict import PolicyVerdict
 
@@ -52,7 +53,7 @@ def speedups(folder: pathlib.Path, cells: list[Cell]) -> list[Finding]:
   by_policy = collections.defaultdict(list)
   for c in cells:
     b = base.get((_key(c), c.batch_size))
-    if c.policy in SIXTEEN and b and c.ms:
+    if config.sixteen_bit(c.policy) and b and c.ms:
       by_policy[c.policy].append((b / c.ms, c))
   findings = []
   slower = {p for p, found in by_policy.items()
@@ -62,9 +63,9 @@ def speedups(folder: pathlib.Path, cells: list[Cell]) -> list[Finding]:
     if policy not in slower:
       continue
     loss = 1 / max(xs)  # Every cell of the policy lost at least this much.
-    lines = [f"{policy} vs float32 in {len(found)} cell(s): {min(xs):.2f}x to "
-                f"{max(xs):.2f}x float32's speed"]
-    lines += [f"batch {c.batch_size}, {c.loop}: {x:.2f}x" for x, c in found[:6]]
+    lines = [f"{policy} vs float32 in {len(found)} cell(s): {times(min(xs))} to "
+                f"{times(max(xs))} float32's speed"]
+    lines += [f"batch {c.batch_size}, {c.loop}: {times(x)}" for x, c in found[:6]]
     based_on = ["sibling runs"]
     k = _kernels(folder, [c for _, c in found], policy)
     if k:
@@ -86,8 +87,8 @@ def speedups(folder: pathlib.Path, cells: list[Cell]) -> list[Finding]:
     findings.append(Finding(
         f"no_speedup:{policy}", severity, 1 - max(xs),
         f"{policy} is slower than float32 in every cell",
-        f"speed-up over float32 < {SLOWER_THAN_FLOAT32:g}x in every cell; "
-        f"high from {HIGH_LOSS:g}x float32's time, or when the CPU flags / "
+        f"speed-up over float32 < {times(SLOWER_THAN_FLOAT32)} in every cell; "
+        f"high from {times(HIGH_LOSS)} float32's time, or when the CPU flags / "
         f"compute capability explain it", lines,
         f"--policy={reason[1]}" if reason else
         "profile one cell (--profile_steps=A,B) and diagnose it", based_on, loss))
@@ -110,16 +111,16 @@ def _kernels(folder: pathlib.Path, cells: list[Cell],
 def _probe_reason(k: PolicyVerdict, policy: str) -> str:
   """Why the measurement says `policy` is slow here (or that its kernels are not)."""
   ratio = k.ratio or k.policy_ratios.get(policy)
-  why = (f"{words.rests_on(k)} ({k.source or 'probe'}): {policy} at {ratio:.3g}x "
+  why = (f"{words.rests_on(k)} ({k.source or 'probe'}): {policy} at {times(ratio)} "
          "float32's time")
   if k.slow:
     kernel = (k.impl or "?") + (" (oneDNN's reference kernel)" if k.reference else "")
     why += ((f"; worst: {k.op} runs {kernel}" if k.op else "")
-            + (f", {k.op_ratio:.3g}x float32's time" if k.op_ratio else ""))
+            + (f", {times(k.op_ratio)} float32's time" if k.op_ratio else ""))
   else:
     why += ": its kernels alone do not explain the loss"
   if k.fastest and k.fastest != policy and k.fastest_ratio:
-    why += f"; measured fastest: {k.fastest} ({k.fastest_ratio:.3g}x float32's time)"
+    why += f"; measured fastest: {k.fastest} ({times(k.fastest_ratio)} float32's time)"
   if k.contradicts:
     why += f" ({k.contradicts})"
   return why
@@ -149,7 +150,7 @@ def memory(cells: list[Cell]) -> list[Finding]:
     (oom_batch, error), oom32 = oom32[0], [b for b, _ in oom32]
     fit32 = max((c.batch_size for c in group
                  if c.policy == "float32" and c.status == "ok"), default=None)
-    for policy in SIXTEEN:
+    for policy in config.SIXTEEN:
       fits = sorted(c.batch_size for c in group
                     if c.policy == policy and c.status == "ok"
                     and c.batch_size >= oom32[0])
@@ -182,7 +183,7 @@ def overhead(cells: list[Cell]) -> list[Finding]:
           f"{key[4]} step time barely grows with the batch size",
           f"(step-time ratio / batch ratio) < {SCALING}",
           [f"{key[0]} {key[2]}: batch {b0} {t0:.1f} ms/step, batch {b1} {t1:.1f} ms/step"
-           f" ({t1 / t0:.2f}x the time for {b1 / b0:.0f}x the images)"],
+           f" ({times(t1 / t0)} the time for {times(b1 / b0)} the images)"],
           f"--batch_size={b1} or larger; --jit_compile"))
   return findings
 

@@ -6,6 +6,7 @@ detector's cut-off and its words go here.
 
 from mpt.machine import fastpath
 from mpt.machine import gpu_table
+from mpt.records.cost import times
 
 INPUT_WAIT_SHARE = 0.10      # data-wait share of step time: input bound at or above
 UTILISATION = 0.50           # busy share of the device below which a run is starved
@@ -76,17 +77,17 @@ DOC_WORDS = {
     "memory estimate": [f"more than {MEMORY_DISAGREEMENT:.0%}"],
     "step time vs batch (sweeps)": ["less than half" if SCALING == 0.5
                                     else f"{SCALING}"],
-    "slow kernel": [f">= {SLOW_KERNELS:g}x float32's time",
-                    f"high (and ranked first) from {HIGH_LOSS:g}x",
+    "slow kernel": [f">= {times(SLOW_KERNELS)} float32's time",
+                    f"high (and ranked first) from {times(HIGH_LOSS)}",
                     "--policy=<the policy measured fastest>"],
-    "faster policy measured": [f">= {OPPORTUNITY:g}x faster"],
+    "faster policy measured": [f">= {times(OPPORTUNITY)} faster"],
     "no fast 16-bit path": ["only when no kernel probe was recorded",
-                            f"measured >= {HIGH_LOSS:g}x float32's time"],
-    "no speed-up": [f"high from {HIGH_LOSS:g}x",
-                    f"without one and >= {HIGH_LOSS:g}x slower, the policy the "
+                            f"measured >= {times(HIGH_LOSS)} float32's time"],
+    "no speed-up": [f"high from {times(HIGH_LOSS)}",
+                    f"without one and >= {times(HIGH_LOSS)} slower, the policy the "
                     "evidence favours"],
-    "oneDNN setting": [f">= {1 + ONEDNN_MARGIN:g}x slower than the other",
-                       f"high from {HIGH_LOSS:g}x"],
+    "oneDNN setting": [f">= {times(1 + ONEDNN_MARGIN)} slower than the other",
+                       f"high from {times(HIGH_LOSS)}"],
     "BatchNorm cost": [f">= {BATCHNORM_TIME_SHARE:.0%} of traced time",
                        "--batchnorm=fused"],
     "GPU idle": [f"< {UTILISATION:.0%} of the step",
@@ -95,14 +96,14 @@ DOC_WORDS = {
                  f"input wait >= {2 * INPUT_WAIT_SHARE:.0%}"],
     "Tensor Cores unused": [f"16-bit kernels < {SIXTEEN_BIT_RUN:.0%}",
                             f">= {ELIGIBLE_SHARE:.0%} of kernel time in eligible",
-                            f"high from a {BIG_BOUND:g}x step bound"],
+                            f"high from a {times(BIG_BOUND)} step bound"],
     "Tensor Cores missed": [f">= {MISSED_TENSOR_CORES:.0%} of kernel time"],
     "memory-bound GPU ops": [f">= {MEMORY_BOUND_SHARE:.0%} of kernel time",
                              f"transposes >= {TRANSPOSE_SHARE:.0%}"],
     "Cast ops (CPU capture)": [f">= {FLOAT32_TIME_SHARE:.0%} of traced op time"],
     "gradient underflow": [f">= {UNDERFLOW_SHARE:.0%} of a layer's nonzero",
                            f">= {UNDERFLOW_SHARE:.0%} of their summed magnitude"],
-    "loss scale room": [f">= {SCALE_FALL:g}x after warm-up",
-                        f">= {SCALE_HEADROOM:g}x below"],
+    "loss scale room": [f">= {times(SCALE_FALL)} after warm-up",
+                        f">= {times(SCALE_HEADROOM)} below"],
     "bfloat16 error": [f"moves >= {BF16_ERROR:.0%}"],
 }

@@ -10,5 +10,7 @@ traces.py (a profiler trace through xprof's converter, in a child process: its o
 user), xspace.py (a capture's XSpace read directly: GPU planes, kernel events),
 kernel_families.py (what a GPU kernel is bound by), gpu_profile.py (what a GPU did in a
 capture: device, step time, Tensor Core split; records.gpu.GpuProfile), gpu_specs.py
-(which GPU a capture ran on, and its data-sheet float16/float32 ceiling).
+(which GPU a capture ran on, and its data-sheet float16/float32 ceiling), gpu_table.py
+(the kernel table from a GPU capture), cores.py (the cores a run may use), probe_ops.py
+(the ops the kernel probe times).
 """

@@ -18,6 +18,7 @@ Input: a microbench results dict (mpt/microbench/run.py `measure`, microbench.js
 from typing import Any
 
 from mpt.machine import hardware
+from mpt.records.cost import times
 
 # Beyond these shares of the estimate the estimate, not the kernels, is in question:
 # above 1 it is beaten outright; below 1/4 the gap is too large for kernel overheads,
@@ -66,7 +67,7 @@ def verdict(estimate: float | None, measured: float | None,
                                    f"({share:.0%})")
   if share < MISSED:
     return "unreliable estimate", (f"measured {op} {measured:.0f} GFLOP/s misses it by "
-                                   f"{1 / share:.1f}x ({share:.0%})")
+                                   f"{times(1 / share)} ({share:.0%})")
   return "plausible", f"measured {op} {measured:.0f} GFLOP/s is {share:.0%} of it"
 
 

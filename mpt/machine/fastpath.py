@@ -21,7 +21,6 @@ from mpt.records import cost as cost_records
 from mpt.records.cost import times
 from mpt.records.verdict import PolicyVerdict
 
-POLICY_DTYPE = config.POLICY_DTYPE
 SLOW = 2.0  # A policy measured this many times float32's time is warned about.
 # The cut-offs of every timing before step 1 (the step's, mpt/train/before_step1/cost.py; each
 # layer's, mpt/measure/layercost.py): a 16-bit call this many times float32's stops
@@ -63,11 +62,11 @@ def policy_ratios(table: dict[str, Any] | None, families) -> dict[str, float]:
   rows = _rows(table, families)
   by = {(r["op"], r["dtype"]): r.get("ms") for r in rows}
   ops = [op for op in {r["op"] for r in rows}
-         if all(by.get((op, d)) for d in POLICY_DTYPE.values())]
+         if all(by.get((op, d)) for d in config.POLICY_DTYPE.values())]
   base = sum(by[op, "float32"] for op in ops)
   if not ops or not base:
     return {}
-  return {p: sum(by[op, d] for op in ops) / base for p, d in POLICY_DTYPE.items()}
+  return {p: sum(by[op, d] for op in ops) / base for p, d in config.POLICY_DTYPE.items()}
 
 
 def pathological(table: dict[str, Any] | None, families) -> dict[str, float]:
@@ -156,7 +155,7 @@ def verdict(policy: str, table: dict[str, Any] | None, families, flags: set[str]
     ratios = policy_ratios(table, families) if not gpu_caps or _gpu(table) else {}
   if not ratios:
     return _flags_verdict(policy, by_flags)
-  dtype, ratio = POLICY_DTYPE[policy], ratios[policy]
+  dtype, ratio = config.POLICY_DTYPE[policy], ratios[policy]
   fastest = min(ratios, key=ratios.get)
   worst = worst_op(table, dtype, families) if dtype != "float32" and table else None
   slow = ratio >= SLOW

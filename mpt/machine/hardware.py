@@ -19,8 +19,6 @@ from mpt.machine import cores
 from mpt.machine import isa
 from mpt.records.machine import Gpu, Hardware
 
-SIXTEEN = config.SIXTEEN  # The 16-bit policies and their dtype (mpt/config.py).
-
 
 def cpu_flags() -> set[str]:
   """The CPU feature flags (Linux names; numpy's detection where /proc/cpuinfo is not)."""
@@ -47,7 +45,7 @@ def fast_path(policy: str, flags: set[str], gpu_caps: list[tuple[int, int]],
   GPUs with Tensor Cores (compute capability >= 7.0) and on CPUs with AVX512_FP16 or
   AMX-FP16; bfloat16 on GPUs >= 8.0 and on CPUs with AVX512_BF16 or AMX-BF16.
   """
-  half = SIXTEEN.get(policy)
+  half = config.SIXTEEN.get(policy)
   if half is None:
     return None
   if gpu_caps:

@@ -24,8 +24,8 @@ from typing import Any, Callable
 from mpt import files
 from mpt.machine import isa
 from mpt.machine import onednn
-from mpt.machine import probe_ops
 from mpt.machine import rates
+from mpt.records.cost import times
 
 SCHEMA = 1
 DTYPES = ("float32", "bfloat16", "float16")
@@ -179,7 +179,7 @@ def format_table(table: dict[str, Any]) -> list[str]:
       if r is None:
         cells.append(f"{'-':<44}")
         continue
-      ratio = f" {r['ratio']:.2f}x" if r.get("ratio") and d != "float32" else ""
+      ratio = f" {times(r['ratio'])}" if r.get("ratio") and d != "float32" else ""
       ms = f"{r['ms']:.2f} ms" if r.get("ms") else "? ms"
       cells.append(f"{_short(r['impl'], d)[:30]:<30} {ms + ratio:<14}")
     lines.append(f"  {op:<36} " + "  ".join(cells))

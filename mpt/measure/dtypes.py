@@ -180,6 +180,9 @@ def with_step(report: dict[str, Any], step: dict[str, Any], by_layer: dict[str, 
   report["step_flops"] = step
   for row in report["layers"]:
     row["step_flops"] = by_layer.get(row["name"])
+  if any(row["step_flops"] for row in report["layers"]):  # A part the step never
+    report["forward_flops_per_example"] = sum(  # runs (an EMA copy) is not its work.
+        row["flops"] for row in report["layers"] if row["step_flops"])
   total = sum(n for dtype, n in by_dtype.items() if dtype.startswith(("float", "bfloat")))
   if not total:
     return
@@ -370,7 +373,8 @@ def one_line(report: dict[str, Any]) -> str:
   dtypes.json, TensorBoard's inspect/dtypes and --mode=inspect)."""
   head = (f"mpt: dtypes: {report['params']:,} parameters, "
           f"{report['forward_flops_per_example'] / 1e6:.1f} MFLOPs forward per example")
-  if report["policy"] == "float32":
+  # Each layer's own dtype, not the global policy's (--layer_policy over float32).
+  if all(r["compute_dtype"] == "float32" for r in report["layers"]):
     parts = [head, "all in float32"]
   else:
     f32 = report["float32_layers"]

@@ -29,9 +29,9 @@ from mpt import config
 from mpt.machine import fastpath
 from mpt.measure import observe
 from mpt.measure import timer
+from mpt.records.cost import times
 from mpt.records.layers import Edge, LayerCosts, LayerRow
 
-POLICIES = tuple(config.POLICY_DTYPE)
 ROW_BUDGET_S = 1.0  # Each layer row's calls besides two of float32's.
 CAST_SIZES = (1 << 14, 1 << 22)  # Elements: a cast's fixed cost, and its rate.
 Clock = Callable[[], float]
@@ -153,7 +153,7 @@ def _time_row(row: LayerRow, layer, spec, batch: int, jit: bool, table, clock: C
   until settled; ROW_BUDGET_S of calls besides two of float32's)."""
   skip = _predicted(row.cls, table)
   timings = timer.run(
-      [(p, lambda p=p: _step(layer, p, spec, batch, jit)) for p in POLICIES
+      [(p, lambda p=p: _step(layer, p, spec, batch, jit)) for p in config.POLICY_DTYPE
        if p not in skip],
       calls=timer.baseline_budget("float32", 2, ROW_BUDGET_S, "the layer's budget"),
       clock=clock, catch=(tf.errors.OpError, ValueError, TypeError, NotImplementedError))
@@ -167,7 +167,7 @@ def _time_row(row: LayerRow, layer, spec, batch: int, jit: bool, table, clock: C
   for policy, ratio in skip.items():
     if row.ms.get("float32") is not None:
       row.ms[policy] = round(row.ms["float32"] * ratio, 4)
-      row.notes[policy] = (f"predicted from the kernel table ({ratio:.0f}x float32's "
+      row.notes[policy] = (f"predicted from the kernel table ({times(ratio)} float32's "
                            "ops here), not run")
 
 
@@ -192,7 +192,7 @@ def _optimizer(model: keras.Model, make_optimizer: Callable[[str], Any],
                clock: Clock) -> dict[str, float]:
   """The optimizer's update of the model's weights, ms, with and without loss scaling."""
   found = {}
-  for policy in ("float32", "mixed_float16"):
+  for policy in ("float32", *filter(config.scales, config.POLICY_DTYPE)):
     opt = make_optimizer(policy)
     weights = [tf.Variable(tf.zeros(v.shape, "float32")) for v in model.trainable_variables]
     grads = [tf.zeros(v.shape, "float32") for v in model.trainable_variables]
@@ -221,7 +221,7 @@ def measure(model: keras.Model, x, batch: int, key: dict[str, Any],
         _time_row(row, layer, spec, batch, jit, table, clock, found.overhead_ms)
       except (NotImplementedError, TypeError, ValueError, KeyError) as e:
         found.skipped.append(f"{row.names[0]}: not rebuilt ({type(e).__name__})")
-        row.notes = {p: "not rebuilt from its config" for p in POLICIES}
+        row.notes = {p: "not rebuilt from its config" for p in config.POLICY_DTYPE}
     found.casts = _casts(clock, found.overhead_ms)
     found.optimizer_ms = _optimizer(model, make_optimizer, clock)
   finally:

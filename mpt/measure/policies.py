@@ -130,6 +130,14 @@ def plain(policy: keras.DTypePolicy) -> keras.DTypePolicy:
   return policy.default_policy if isinstance(policy, PolicyMap) else policy
 
 
+def sixteen(policy: keras.DTypePolicy) -> str | None:
+  """The 16-bit policy a global policy, or a map's default and entries, computes in
+  (config.sixteen_bit's rule); None where every layer is float32."""
+  pairs = [(path, p.name) for path, p in policy.items()] \
+      if isinstance(policy, PolicyMap) else []
+  return config.sixteen_bit(plain(policy).name, pairs)
+
+
 def entries(policy: keras.DTypePolicy) -> str:
   """A map's entries as `path=policy,...` ("" for a plain policy)."""
   if not isinstance(policy, PolicyMap):

@@ -16,7 +16,6 @@ from absl import logging
 import keras
 import tensorflow as tf
 
-from mpt import flagvalues
 from mpt.errors import UserError
 
 
@@ -25,26 +24,25 @@ from mpt.errors import UserError
 GPU_DEFAULT_STEPS = 2
 
 
-def parse_window(spec: str, warmup_steps: int, total_steps: int,
-                 gpu: bool = False) -> tuple[int, int] | None:
-  """`"A,B"` -> (A, B), checked against the run's length; "off" -> None; "" -> on a
-  GPU (`gpu`), the GPU_DEFAULT_STEPS after the warm-up where the run has them, else
-  None."""
-  if spec == "off":
-    return None
-  if spec == "" and gpu:
+def window(profile: Any, warmup_steps: int, total_steps: int,
+           gpu: bool = False) -> tuple[int, int] | None:
+  """A run Plan's `profile` (--profile_steps parsed: (A, B); None: off or not asked;
+  "": asked for nothing, which on a GPU (`gpu`) is the GPU_DEFAULT_STEPS after the
+  warm-up where the run has them) checked against the run's warm-up and length: the
+  window to trace, or None."""
+  if profile == "":
     first = warmup_steps + 1
     last = first + GPU_DEFAULT_STEPS - 1
-    return (first, last) if last <= total_steps else None
-  window = flagvalues.parse_steps(spec, "profile_steps")
-  if window is None:
+    return (first, last) if gpu and last <= total_steps else None
+  if profile is None:
     return None
-  first, last = window
+  first, last = profile
   if first <= warmup_steps:
-    raise UserError(f"--profile_steps={spec}: the window must start after the "
+    raise UserError(f"--profile_steps={first},{last}: the window must start after the "
                     f"{warmup_steps} warm-up steps (--warmup_steps)")
   if last > total_steps:
-    raise UserError(f"--profile_steps={spec}: the run has only {total_steps} steps")
+    raise UserError(f"--profile_steps={first},{last}: the run has only {total_steps} "
+                    "steps")
   return first, last
 
 

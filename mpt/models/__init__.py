@@ -16,7 +16,8 @@ start in full precision, as the TensorFlow mixed-precision guide asks.
 The variants live in convnets.py (seed_convnet, seed_convnet_aligned, resnet,
 mobilenet) and vit.py; docs/usage.md "Adding a model variant" walks through one.
 A user's own builder (`--model=package.module:function`) and keras.applications
-(`--model=keras:NAME`) come through external.py, with the same contract.
+(`--model=keras:NAME`) come through external.py, with the same contract;
+fused_bn.py swaps Keras' BatchNormalization for TF's fused kernel (--batchnorm).
 """
 
 import inspect

@@ -27,7 +27,8 @@ class Cell:
   policy: str = ""
   loop: str = ""
   jit_compile: bool = False
-  # ok, OOM, timeout, failed or interrupted.
+  # ok, OOM, OOM (predicted), timeout, failed, diverged or interrupted: how the
+  # cell's run recorded itself (mpt/sweep/cell.py), else what the sweep saw.
   status: str = ""
   # Figures of an `ok` cell (from its summary.json); None where not measured.
   ms_per_step: float | None = None

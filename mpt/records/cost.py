@@ -17,14 +17,12 @@ import pathlib
 from typing import Any
 
 from mpt import files
-from mpt import config
 from mpt.config import Config
 from mpt.records import keyed
 from mpt.records import typed
 from mpt.records.gpu import GpuKernelTable
 
 SCHEMA = 1
-POLICIES = tuple(config.POLICY_DTYPE)  # float32 first: the baseline measures first.
 # What a timing stopped before it settled says of its figure (mpt/measure/timer.py):
 # its steady step is at most, or at least, that.
 AT_MOST, AT_LEAST = "at most", "at least"
@@ -32,6 +30,9 @@ AT_MOST, AT_LEAST = "at most", "at least"
 # command line's choice, mpt/train/before_step1/onednn_choice.py) or to be advised (a
 # script's, mpt/measure/rewrite.py).
 ONEDNN_MARGIN = 0.05
+# A per-layer plan is adopted (--policy=auto, mpt/train/before_step1/autopolicy.py) only
+# when it measures this much faster than the best uniform policy, side by side.
+PLAN_MARGIN = 0.05
 # A run of fewer steps costs about as much as measuring its step per policy (three
 # traces and first calls, a dozen steps): neither the cost nor the oneDNN choice is
 # measured for it.

@@ -22,7 +22,6 @@ from mpt.records.cost import times
 from mpt.records import typed
 
 SCHEMA = 1
-POLICY_DTYPE = config.POLICY_DTYPE
 MIN_GAIN = 0.01  # A class moves in the plan search only where it saves this share.
 
 
@@ -91,8 +90,9 @@ class LayerCosts(typed.Record):
         layers += ms * r.calls / len(r.names)
     casts = 0.0
     for e in self.edges:
-      src = POLICY_DTYPE[layer_policy.get(e.producer, "float32")] if e.producer else "float32"
-      casts += self.cast_ms(src, POLICY_DTYPE[layer_policy[e.consumer]], e.elements)
+      src = (config.POLICY_DTYPE[layer_policy.get(e.producer, "float32")]
+             if e.producer else "float32")
+      casts += self.cast_ms(src, config.POLICY_DTYPE[layer_policy[e.consumer]], e.elements)
     scaled = config.scales(policy, *layer_policy.values())
     opt = self.optimizer_ms.get("mixed_float16" if scaled else "float32", 0.0)
     return {"layers": round(layers, 3), "casts": round(casts, 3),
@@ -129,7 +129,7 @@ def best_plan(costs: LayerCosts, start: str | None = None) -> Plan | None:
   fastest): the one move of a class to another policy (casts at its new boundaries
   included) that saves most, repeated while one saves more than MIN_GAIN of the step.
   None where `start` could not be priced."""
-  uniform = {p: costs.predict(p) for p in POLICY_DTYPE}
+  uniform = {p: costs.predict(p) for p in config.POLICY_DTYPE}
   uniform = {p: v["total"] for p, v in uniform.items() if v}
   if not uniform or (start and start not in uniform):
     return None
@@ -139,7 +139,7 @@ def best_plan(costs: LayerCosts, start: str | None = None) -> Plan | None:
   while True:
     trials = []
     for cls in costs.classes():
-      for other in POLICY_DTYPE:
+      for other in config.POLICY_DTYPE:
         if other == moved.get(cls, policy):
           continue
         trial = {**moved, cls: other}
@@ -188,7 +188,7 @@ def slow_classes(costs: LayerCosts, policy: str, at_least: float = 1.1
 def describe_slow(costs: LayerCosts, policy: str, most: int = 3) -> str | None:
   """`DepthwiseConv2D: 17 layers, 41% of the bfloat16 step, 2.6x their float32 time;
   ...` for the classes that make `policy` slower, or None."""
-  dtype = POLICY_DTYPE[policy]
+  dtype = config.POLICY_DTYPE[policy]
   parts = [f"{r['cls']}: {r['layers']} layer{'s' * (r['layers'] != 1)}, "
            + (f"{r['share']:.0%} of the {dtype} step, " if r["share"] else "")
            + f"{times(r['ratio'])} their float32 time"

@@ -223,7 +223,8 @@ class RunSummary:
   def sixteen(self) -> str | None:
     """The 16-bit policy the run computes in, --layer_policy included
     (config.sixteen_bit); None: a float32 run."""
-    return config.sixteen_bit(self.policy or "", self.layer_policy or "")
+    return config.sixteen_bit(self.policy or "",
+                              config.layer_policies(self.layer_policy or ""))
 
   @property
   def script(self) -> bool:

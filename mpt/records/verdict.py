@@ -64,19 +64,28 @@ class Candidate:
   """One policy `--policy=auto` considered. A uniform policy's times are its row of
   the step's cost (summary.json keeps them in `cost` only); a per-layer plan's, and
   its policy's timed BESIDE it, are the choice's own measurement."""
-  TIMED = ("first_ms", "ms_per_step", "finite", "predicted_ms", "vs_float32")
+  TIMED = ("first_ms", "ms_per_step", "finite", "predicted_ms", "time_vs_float32")
   policy: str
   first_ms: float | None = None  # Its first step (None: not timed).
   ms_per_step: float | None = None  # Median of the timed steps, or the prediction.
   finite: bool = True  # Its loss stayed finite.
   dropped: str | None = None  # Why it was not timed to the end, or None.
   predicted_ms: float | None = None  # Its step's predicted cost (mpt/train/before_step1/cost.py).
-  vs_float32: float | None = None  # float32's ms/step over its own.
+  time_vs_float32: float | None = None  # Its ms/step over float32's (above 1: slower).
   # On a GPU, from the kernel table (mpt/machine/gpu_table.py): the share of its
   # convolution/matmul kernel time on Tensor Cores, and the layers left on CUDA cores.
   tensor_cores: float | None = None
   cuda_cores_layers: list[str] = dataclasses.field(default_factory=list)
   layer_policy: str = ""  # A per-layer plan over `policy` ("": the uniform policy).
+  vs_float32: float | None = None  # Read only: older files' float32 ms over its own.
+
+  def __post_init__(self):  # An older file's ratio, turned the way mpt keeps ratios.
+    if self.vs_float32 and self.time_vs_float32 is None:
+      self.time_vs_float32 = 1 / self.vs_float32
+    self.vs_float32 = None
+
+  def to_dict(self) -> dict:  # Written without the older files' key.
+    return {k: v for k, v in dataclasses.asdict(self).items() if k != "vs_float32"}
 
   @property
   def from_cost(self) -> bool:
@@ -89,7 +98,7 @@ class Candidate:
     ms = row.ms_per_step
     self.first_ms, self.ms_per_step, self.finite = row.first_ms, ms, row.finite
     self.predicted_ms = ms if row.predicted else None
-    self.vs_float32 = base_ms / ms if base_ms and ms else None
+    self.time_vs_float32 = ms / base_ms if base_ms and ms else None
     return self
 
 

@@ -1,7 +1,8 @@
 """One sweep cell as a child `python -m mpt.main`, and how it ended: the same on this
-machine (mpt/sweep/run.py) and on a Ray node (mpt/sweep/cluster.py). The child's exit
-status and last error line classify it (ok, OOM, OOM (predicted), timeout, failed,
-interrupted), with the kernel's OOM-kill counters of the machine it ran on.
+machine (mpt/sweep/run.py) and on a Ray node (mpt/sweep/cluster.py): as its run
+recorded itself in summary.json, else by the child's exit status (errors.EXIT) or
+death (named as mpt/supervisor.py names one, by that machine's OOM-kill counters);
+the sweep's own timer and stop say `timeout` and `interrupted`.
 """
 
 import dataclasses
@@ -17,6 +18,7 @@ from mpt import config
 from mpt import supervisor
 from mpt.errors import EXIT, STOP_SIGNALS
 from mpt.records import cells as cells_lib
+from mpt.records import summary as summary_lib
 from mpt.records.cells import Cell
 
 POLL_S = 0.5  # The slices a cell's wait is made of.
@@ -25,6 +27,8 @@ AXES = {"batch_sizes": ("batch_size", int), "policies": ("policy", str),
         "loops": ("loop", str), "image_sizes": ("image_size", int),
         "models": ("model", str), "jit_compiles": ("jit_compile", bool),
         "seeds": ("seed", int)}  # --seeds=N: a count, from --seed on.
+# summary.json's `status` in sweep.csv's words (the seed's table's); others as recorded.
+WORDS = {"completed": "ok", "oom": "OOM"}
 
 
 def cell_flags(cfg: config.Config, cell: Cell, out: pathlib.Path) -> list[str]:
@@ -35,12 +39,6 @@ def cell_flags(cfg: config.Config, cell: Cell, out: pathlib.Path) -> list[str]:
   run = dataclasses.replace(cfg, run_name=cell.id, logdir=str(out / "cells"),
                             verbose=0, checkpoint=False, **axes)
   return config.to_flagfile(run).splitlines()
-
-
-def error_line(stderr: str) -> str:
-  lines = [l.strip() for l in stderr.splitlines() if l.strip()]
-  errors = [l for l in lines if "Error" in l or l.startswith("mpt: error")]
-  return (errors or lines or [""])[-1][:300]
 
 
 def _child_setup() -> None:
@@ -83,8 +81,8 @@ def run_cell(cfg: config.Config, cell: Cell, out: pathlib.Path,
   proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                           text=True, start_new_session=True, env=env,
                           preexec_fn=_child_setup)
-  ended = lambda status, error="", **figures: dataclasses.replace(
-      cell, status=status, error=error, run_dir=str(run_dir), **figures)
+  ended = lambda status, error, figures=None: dataclasses.replace(
+      cell, status=status, error=error, run_dir=str(run_dir), **(figures or {}))
   try:
     stderr = _wait(proc, timeout)
   except subprocess.TimeoutExpired:
@@ -95,18 +93,30 @@ def run_cell(cfg: config.Config, cell: Cell, out: pathlib.Path,
     signum = getattr(e, "signum", signal.SIGINT)
     _stop(proc, signum)
     return ended("interrupted", signal.Signals(signum).name)
-  if proc.returncode == -signal.SIGKILL:  # Not by us; the OOM killer if it counted one.
-    if supervisor.oom_killed(before, supervisor.oom_kills()) is False:
-      return ended("failed", "killed (SIGKILL) from outside, not by the OOM killer")
-    return ended("OOM", "killed (SIGKILL)")
-  if proc.returncode == supervisor.OOM_EXIT or (
-      proc.returncode and "ResourceExhaustedError" in stderr):
-    return ended("OOM", error_line(stderr) or "out of memory")
-  if proc.returncode == EXIT["usage"] and "mpt: error: memory:" in stderr:
-    return ended("OOM (predicted)", error_line(stderr))
-  if proc.returncode:
-    return ended("failed", error_line(stderr))
-  return ended("ok", **cells_lib.figures_from_summary(run_dir / "summary.json"))
+  return ended(*outcome(proc.returncode, stderr, run_dir, before))
+
+
+def outcome(code: int, stderr: str, run_dir: pathlib.Path,
+            before: dict[str, int]) -> tuple[str, str, dict]:
+  """(status, error, figures) of a cell whose child exited with `code`: its run's record
+  (its supervisor records a death there too); without one, its exit status, or its
+  death where its supervisor died too, and its last error line."""
+  lines = [l.strip() for l in stderr.splitlines() if l.strip()]
+  said = [l for l in lines if "Error" in l or l.startswith("mpt: error")] or lines or [""]
+  path, error = run_dir / "summary.json", said[-1][:300]
+  if path.exists():
+    run = summary_lib.read(path)
+    status, error = run.status, run.message or ""
+  elif code < 0:
+    death = supervisor.Death(signal.Signals(-code), supervisor.oom_killed(
+        before, supervisor.oom_kills()), [])
+    status, error = death.named(run_dir if run_dir.is_dir() else None, None)
+  elif code == EXIT["usage"] and error.startswith("mpt: error: memory:"):
+    return "OOM (predicted)", error, {}  # The preflight refused it: no run folder.
+  else:
+    status = "oom" if code == EXIT["oom"] else "failed"
+  figures = cells_lib.figures_from_summary(path) if status == "completed" else {}
+  return WORDS.get(status, status), error, figures
 
 
 def _stop(proc: subprocess.Popen, signum: int) -> None:

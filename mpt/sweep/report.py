@@ -3,17 +3,18 @@
 
 The table is laid out like the seed's: one table per model and image size (and XLA
 setting), rows = batch size, columns = ms/step per policy (x loop when there are
-several), then the speed-up of each 16-bit policy over float32 (float32 ms/step over
-the policy's ms/step: > 1 means faster). A cell that did not finish shows its status
-(`OOM`, `timeout`, `failed`) instead of a number, as the seed showed a dash. With
---seeds, a cell's figure is the median over its seeds, and a second table gives each
-policy's final metrics beside float32's spread over seeds: the accuracy the seed's
-table never compared.
+several), then each 16-bit policy's step time over float32's (mpt/records/cost.py's
+`times`, the one wording of a ratio: above 1 is slower). A cell that did not finish
+shows its status (`OOM`, `timeout`, `failed`, ...) instead of a number, as the seed
+showed a dash. With --seeds, a cell's figure is the median over its seeds, and a second
+table gives each policy's final metrics beside float32's spread over seeds: the
+accuracy the seed's table never compared.
 """
 
 import dataclasses
 import pathlib
 
+from mpt.records import cost
 from mpt.records import spread
 from mpt.records.cells import Cell
 
@@ -28,14 +29,14 @@ def markdown(cells: list[Cell]) -> str:
     loops = list(dict.fromkeys(c.loop for c in group))
     columns = list(dict.fromkeys((c.policy, c.loop) for c in group))
     label = lambda p, l: p if len(loops) == 1 else f"{p} {l}"
-    speedups = [(p, l) for p, l in columns if p != "float32" and ("float32", l) in columns]
+    ratios = [(p, l) for p, l in columns if p != "float32" and ("float32", l) in columns]
     cell = _over_seeds(group)
     batches = sorted({b for b, _, _ in cell})
     xla = ", XLA" if jit else ""
     on = f" on {machine}" if machine else ""  # --machines=all: a block per machine.
     out.append(f"## {model}, {size} px{xla}{on}: ms/step\n")
     header = ["batch"] + [label(p, l) for p, l in columns] + \
-        [f"{label(p, l)} vs float32" for p, l in speedups]
+        [f"{label(p, l)} time vs float32" for p, l in ratios]
     out.append("| " + " | ".join(header) + " |")
     out.append("|" + "---|" * len(header))
     for b in batches:
@@ -43,10 +44,10 @@ def markdown(cells: list[Cell]) -> str:
       for p, l in columns:
         c = cell.get((b, p, l))
         line.append("" if c is None else (f"{c.ms:.1f}" if c.ms else c.status))
-      for p, l in speedups:
+      for p, l in ratios:
         mine, base = cell.get((b, p, l)), cell.get((b, "float32", l))
         ok = mine and base and mine.ms and base.ms
-        line.append(f"{base.ms / mine.ms:.2f}x" if ok else "-")
+        line.append(cost.times(mine.ms / base.ms) if ok else "-")
       out.append("| " + " | ".join(line) + " |")
     out.append("")
   return "\n".join(out + accuracy(cells))

@@ -6,11 +6,11 @@ process.
       --policies=float32,mixed_bfloat16 --loops=fit,custom
 
 A child per cell gives fresh TensorFlow state, and a crash or an out-of-memory in one
-cell cannot poison the next: `ResourceExhaustedError` in the child, or the child killed
-by the OS (SIGKILL while the kernel counted an OOM kill, mpt/supervisor.py), is
-recorded as `OOM`; a cell past `--cell_timeout` seconds is killed and recorded as
-`timeout`; any other failure (a SIGKILL from outside too) as `failed` with its error
-line. The sweep goes on either way.
+cell cannot poison the next. A cell ended as its run recorded itself in summary.json
+(mpt/sweep/cell.py): `ok`, `OOM` (TF's allocator, or a SIGKILL while the kernel
+counted an OOM kill: the child's supervisor records it), `failed`, `diverged` or
+`interrupted`, with the record's message; a cell past `--cell_timeout` seconds is
+killed and recorded as `timeout`. The sweep goes on either way.
 
 Each cell's figure is its summary.json's `ms_per_step`: the median step time after
 `--warmup_steps` (the seed took epoch 20 and skipped epoch 1; here the warm-up is
@@ -132,7 +132,7 @@ def _check(cfg: config.Config, opts: SweepOptions) -> None:
   requests.parse_gpus(opts.cell_gpus)
   if cfg.policy == "auto" or "auto" in [p.strip() for p in opts.policies.split(",")]:
     raise UserError("--policy=auto is for single runs; a sweep measures every policy "
-                    "anyway: --policies=float32,mixed_bfloat16,mixed_float16")
+                    f"anyway: --policies={','.join(config.POLICY_DTYPE)}")
   injection.injected_faults()  # A malformed MPT_INJECT_FAULT would fail every cell.
 
 
@@ -171,8 +171,8 @@ def _run_cells(cfg: config.Config, opts: SweepOptions, todo: list[Cell],
               (f" ({left})" if left else ""), flush=True)
       cells_lib.append_csv(csv_path, cell)
       results.append(cell)
-      if cell.status == "interrupted":
-        raise Stopped(signal.Signals[cell.error].value)
+      if cell.status == "interrupted" and cell.error in signal.Signals.__members__:
+        raise Stopped(signal.Signals[cell.error].value)  # The sweep's own stop.
   except KeyboardInterrupt as e:  # During a cell (stopped above) or between cells.
     stopped = signal.Signals(getattr(e, "signum", signal.SIGINT)).name
     print("\nmpt: sweep interrupted; the table holds the cells so far (the same "

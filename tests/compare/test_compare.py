@@ -18,6 +18,7 @@ import pytest
 from mpt.compare import run as compare
 from mpt.compare.options import CompareOptions
 from mpt.errors import UserError
+from mpt.records.cost import times
 
 from helpers import DATA, ROOT
 
@@ -77,10 +78,10 @@ def test_the_golden_speedups_and_figures_are_the_summaries(logs):
     name = label.rstrip(" *")
     s = summary(name)
     base = summary(BASELINE.get(name, name))
-    assert row["vs float32"] == f"{base['ms_per_step'] / s['ms_per_step']:.2f}x", name
-    times = s["step_time_ms"]
-    assert row["ms/step (p10-p90)"] == (f"{s['ms_per_step']:.1f} ({times['p10']:.1f}-"
-                                        f"{times['p90']:.1f})")
+    assert row["vs float32"] == times(base["ms_per_step"] / s["ms_per_step"]), name
+    p = s["step_time_ms"]
+    assert row["ms/step (p10-p90)"] == (f"{s['ms_per_step']:.1f} ({p['p10']:.1f}-"
+                                        f"{p['p90']:.1f})")
     assert row["images/s"] == f"{s['images_per_sec']:.1f}"
     assert row["val acc"] == f"{s['val_accuracy']:.3f}"
     achieved, ceiling = s["achieved_gflops"], s["microbench_gflops"]
@@ -89,7 +90,7 @@ def test_the_golden_speedups_and_figures_are_the_summaries(logs):
     assert (row["policy"], row["loop"]) == (s["policy"], s["loop"])
   # The speed-ups of the 16-bit runs, by hand: all slower than float32 on this CPU.
   assert [rows[n]["vs float32"] for n in ("f16_custom", "bf16_seed", "skips *")] == \
-      ["0.31x", "0.09x", "0.29x"]
+      ["0.312x", "0.0917x", "0.292x"]
   assert rows["slow_input *"]["notes"] == "input_work 50 (others 0); epochs 1 (others 4)"
   assert rows["skips *"]["notes"] == \
       "epochs 1 (others 4); steps_per_epoch 30 (others 41)"
@@ -119,7 +120,7 @@ def test_two_runs_that_differ_are_both_flagged_and_the_other_loop_is_named(logs)
   compare.run(CompareOptions(runs=f"{logs}/f32_custom,{logs}/bf16_seed"))
   row = table((logs / "compare.md").read_text())["bf16_seed"]
   ratio = summary("f32_custom")["ms_per_step"] / summary("bf16_seed")["ms_per_step"]
-  assert row["vs float32"] == f"{ratio:.2f}x (vs custom)"
+  assert row["vs float32"] == f"{times(ratio)} (vs custom)"
 
 
 def test_runs_that_differ_only_in_onednns_rewrite_are_not_the_same_configuration(logs):
@@ -156,7 +157,7 @@ def test_figures_an_older_summary_lacks_are_computed_or_shown_as_dashes(logs):
   assert (bf16["val acc"], bf16["achieved / ceiling GFLOP/s"]) == ("-", "-")
   assert bf16["notes"] == "interrupted"
   assert bf16["vs float32"] == \
-      f"{s['ms_per_step'] / summary('bf16_seed')['ms_per_step']:.2f}x"
+      times(s["ms_per_step"] / summary("bf16_seed")["ms_per_step"])
 
 
 def test_a_ceiling_below_the_achieved_rate_is_said_to_be_none(logs):
@@ -260,8 +261,8 @@ def test_runs_from_several_machines_are_a_block_each(tmp_path):
   ms = lambda label: json.loads((logs / label / "summary.json").read_text())["ms_per_step"]
   spr_f32 = next(l for l in spr if "float32" in l)
   for label, cells in spr.items():
-    assert cells["vs float32"] == f"{ms(spr_f32) / ms(label):.2f}x", (label, cells)
-  assert amd["bf16_seed"]["vs float32"] == f"{ms('f32_fit') / ms('bf16_seed'):.2f}x"
+    assert cells["vs float32"] == times(ms(spr_f32) / ms(label)), (label, cells)
+  assert amd["bf16_seed"]["vs float32"] == times(ms("f32_fit") / ms("bf16_seed"))
 
 
 def test_runs_over_seeds_get_accuracy_beside_speed(logs, capsys):

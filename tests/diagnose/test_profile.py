@@ -23,6 +23,7 @@ from mpt.diagnose.detectors import gpu as rules
 from mpt.diagnose.gpu_evidence import GpuEvidence
 from mpt.diagnose.options import DiagnoseOptions
 from mpt.machine import gpu_profile, gpu_specs, xspace
+from mpt.records.cost import times
 from mpt.records.gpu import GpuDevice, GpuProfile, Kernel, Split
 
 from helpers import DATA, ROOT, gpu_captures, mpt_forked, script_forked
@@ -74,9 +75,9 @@ def test_float32_on_tensor_cores_gets_the_bound_from_its_own_eligible_share(caps
   found = _by_id(report)["tensor_cores_unused"]
   assert report["figures"]["bound"]["kernel"] == pytest.approx(kernel_bound)
   assert report["figures"]["bound"]["step"] == pytest.approx(step_bound)
-  assert f"mixed_float16 at most {step_bound:.2f}x faster per step" in found["title"]
+  assert f"mixed_float16 at most {times(step_bound)} faster per step" in found["title"]
   assert f"{eligible:.1%} of {total:.1f} ms kernel time" in found["evidence"][1]
-  assert f"at most {kernel_bound:.2f}x faster kernels" in found["evidence"][2]
+  assert f"at most {times(kernel_bound)} faster kernels" in found["evidence"][2]
   assert "a bound, not a promise" in found["evidence"][2]
   assert found["next_step"].startswith(
       'keras.mixed_precision.set_global_policy("mixed_float16")')
@@ -95,7 +96,7 @@ def test_gpus_without_tensor_cores_get_no_mixed_float16_speed_suggestion(caps, n
     assert "set_global_policy" not in f["next_step"]
     assert "--policy=mixed_float16" not in f["next_step"]
   none = found["no_tensor_cores"]
-  assert f"at most {1 / (1 - memory / 2):.2f}x here (memory-bound ops only)" in none["title"]
+  assert f"at most {times(1 / (1 - memory / 2))} here (memory-bound ops only)" in none["title"]
   assert none["next_step"].startswith("keep float32 on this GPU")
   assert report["figures"]["tensor_cores"] is False
 
@@ -162,7 +163,7 @@ def test_h200_float32_on_tf32_tensor_cores_is_bounded_and_the_bound_was_reached(
   assert report["figures"]["bound"]["kernel"] == pytest.approx(1 / after)
   assert found["title"].startswith(f"float32 runs {on_tc:.0%} of its kernel time on "
                                    f"TF32 Tensor Cores: mixed_float16 at most")
-  assert "494.5 on TF32 Tensor Cores, at most 2.00x" in found["evidence"][0]
+  assert "494.5 on TF32 Tensor Cores, at most 2x" in found["evidence"][0]
   assert "most eligible time on CUDA cores: conv1" in found["evidence"][3]
   # What mixed_float16 really gained on that H200: its capture's kernel time, and
   # the step times the script measured (interleaved, after warm-up, unprofiled).
@@ -237,7 +238,7 @@ def test_gpu_idle_on_its_thresholds(busy, inputs, gaps, fires, severity):
   assert (found is not None) == fires
   if fires:
     assert found.severity == severity
-    assert f"at most {1 / (1 - busy):.2f}x faster" in found.evidence[1]
+    assert f"at most {times(1 / (1 - busy))} faster" in found.evidence[1]
 
 
 def test_an_unknown_tensor_core_gpu_takes_the_eligible_part_as_free():

@@ -202,3 +202,29 @@ def test_einsum_dense_counts_the_products_of_its_equation():
                             keras.layers.EinsumDense("btd,dnh->btnh", (6, 2, 4))])
   row = inspect.inspect_model(model)["layers"][0]
   assert row["flops"] == 2 * 6 * (2 * 4) * 8
+
+
+def test_the_line_reads_each_layers_dtype_not_the_global_policy():
+  """A float32 run whose convolutions compute in float16 (--layer_policy) is not
+  "all in float32" (the line once read the global policy)."""
+  precision.set_policy("float32")
+  model = models.build("seed_convnet", (32, 32, 3), 10)
+  assert "all in float32" in inspect.one_line(inspect.inspect_model(model))
+  for layer in model.layers:
+    if layer.name.startswith("conv"):
+      layer.dtype_policy = "mixed_float16"
+  line = inspect.one_line(inspect.inspect_model(model))
+  assert "all in float32" not in line and "of them in 16-bit" in line
+
+
+def test_the_forward_flops_leave_out_the_parts_the_step_never_runs():
+  """The step counted: a part it never runs (a diffusion model's EMA copy) is not in
+  the forward FLOPs either (the two figures once disagreed by the copy)."""
+  rows = [{"name": n, "flops": f, "float32_reason": None, "aligned8": True}
+          for n, f in (("net/conv", 100), ("net/dense", 20), ("ema/conv", 100))]
+  report = {"layers": rows, "policy": "mixed_float16", "misaligned_layers": [],
+            "float32_layers": [], "forward_flops_per_example": 220}
+  inspect.with_step(report, {"total": 720}, {"net/conv": 600, "net/dense": 120},
+                    {"float16": 720}, {})
+  assert report["forward_flops_per_example"] == 120
+  assert [r["step_flops"] for r in rows] == [600, 120, None]

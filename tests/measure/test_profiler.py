@@ -15,6 +15,7 @@ import pytest
 from mpt.diagnose import opstats
 from mpt.errors import UserError
 from mpt.measure import profiler
+from mpt.train.common.plan import Plan
 
 from helpers import trace_steps, train_run, wait_for
 
@@ -42,7 +43,8 @@ def test_bad_windows_fail_before_training(tiny, spec, words):
     ("5,6", True, 24, (5, 6)),   # Asked for: as asked.
 ])
 def test_the_default_window_profiles_gpu_runs_only(spec, gpu, total, window):
-  assert profiler.parse_window(spec, 2, total, gpu=gpu) == window
+  profile = Plan(profile_steps=spec, warmup_steps=2).profile
+  assert profiler.window(profile, 2, total, gpu=gpu) == window
 
 
 @pytest.mark.parametrize("loop", ["fit", "custom"])

@@ -174,7 +174,7 @@ def test_report_says_in_words_which_estimates_the_measurements_refute():
   assert lines["float32"].endswith(
       "-- unreliable estimate: measured conv2d 348 GFLOP/s beats it (105%)")
   assert lines["bfloat16"].endswith(
-      "-- unreliable estimate: measured conv2d 1861 GFLOP/s misses it by 5.7x (17%)")
+      "-- unreliable estimate: measured conv2d 1861 GFLOP/s misses it by 5.72x (17%)")
   assert lines["float16"].endswith(
       "-- plausible: measured matmul 345 GFLOP/s is 52% of it")
   assert ("    practical ceiling (best TensorFlow rate measured): matmul 340.6, conv2d "

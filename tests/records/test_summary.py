@@ -69,7 +69,7 @@ def full_summary() -> RunSummary:
                                    fastest_ratio=1.0,
                                    policy_ratios={"float32": 1.0, "mixed_float16": 1.25}),
       policy_choice=PolicyChoice("auto", "float32", 3, [
-          Candidate("float32", 20.0, 10.0, vs_float32=1.0),
+          Candidate("float32", 20.0, 10.0, time_vs_float32=1.0),
           Candidate("mixed_float16", dropped="predicted 1.3x the fastest")], 4.5),
       memory=MemoryPlan(est, {"mixed_float16": round(est.total_mb, 1)},
                         {"mixed_float16": est.line()}, 20000.0, "available RAM", 1,
@@ -136,10 +136,22 @@ def test_each_per_policy_figure_is_written_once_in_the_cost_and_read_back(tmp_pa
   # Independent of mpt's arithmetic: the ratios and times as the rows give them.
   assert back.policy_verdict.policy_ratios == {
       "float32": 1.0, "mixed_float16": 1.25, "mixed_bfloat16": 8.0}
-  assert [(c.policy, c.ms_per_step, c.vs_float32, c.predicted_ms)
+  assert [(c.policy, c.ms_per_step, c.time_vs_float32, c.predicted_ms)
           for c in back.policy_choice.candidates] == [
-      ("float32", 10.0, 1.0, None), ("mixed_bfloat16", 80.0, 0.125, 80.0),
-      ("mixed_float16", 12.5, 0.8, None), ("float32", 9.0, None, None)]
+      ("float32", 10.0, 1.0, None), ("mixed_bfloat16", 80.0, 8.0, 80.0),
+      ("mixed_float16", 12.5, 1.25, None), ("float32", 9.0, None, None)]
+
+
+def test_an_older_files_candidate_ratio_reads_as_time_over_float32s():
+  """Files before `time_vs_float32` kept float32's ms over the candidate's (a plan's
+  row keeps its own): read inverted, written under the new name only."""
+  unknown = []
+  s = RunSummary.from_dict({"policy_choice": {"candidates": [
+      {"policy": "mixed_float16", "layer_policy": "conv=float32", "ms_per_step": 8.0,
+       "vs_float32": 1.25}]}}, unknown)
+  assert unknown == [] and s.policy_choice.candidates[0].time_vs_float32 == 0.8
+  written = s.to_dict()["policy_choice"]["candidates"][0]
+  assert written["time_vs_float32"] == 0.8 and "vs_float32" not in written
 
 
 def test_a_renamed_key_is_left_over_not_read_as_none():

@@ -128,8 +128,8 @@ def test_a_sweep_runs_every_cell_on_each_machine_then_resumes(alpha, beta, tmp_p
   # The SIGKILL told apart by the counters read on its node: an OOM, not a kill from
   # outside.
   assert by["alpha", 8, "float32"].error.startswith(
-      "mpt: oom: the training process died of SIGKILL while training: the kernel "
-      "counted an OOM kill")
+      "the training process died of SIGKILL while training: the kernel counted an OOM "
+      "kill")
   assert by["alpha", 4, "mixed_bfloat16"].error == (
       "RuntimeError: injected failure (MPT_INJECT_FAULT=fail:4/mixed_bfloat16)")
   ran = [r for r in rows if r.status != "OOM (predicted)"]

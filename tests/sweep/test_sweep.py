@@ -90,8 +90,8 @@ def test_every_way_a_cell_ends_then_a_resume_reruns_only_the_failed(tmp_path,
   # The cells' own last words: the run's (TF's ResourceExhaustedError caught) and the
   # watching parent's (a SIGKILL).
   assert rows[2].error.startswith("mpt: out of memory at step 1: OOM when allocating")
-  assert rows[3].error.startswith("mpt: oom: the training process died of SIGKILL "
-                                  "while training: the kernel counted an OOM kill")
+  assert rows[3].error.startswith("the training process died of SIGKILL while "
+                                  "training: the kernel counted an OOM kill")
   # Cells that failed make the sweep's exit status non-zero (OOM is a result).
   assert result["cells_not_completed"] == 1 and main.exit_status(result) == 6
   cpu = isa.detect()  # The stand-in cpuinfo of the test session (conftest.py).
@@ -99,7 +99,7 @@ def test_every_way_a_cell_ends_then_a_resume_reruns_only_the_failed(tmp_path,
   assert rows[0].cpu_isa.split() == [k for k, v in cpu.isa().items() if v]
   table = (out / "sweep.md").read_text()
   assert "| 4 | " in table and "| 8 | OOM | OOM | - |" in table
-  assert "mixed_bfloat16 vs float32" in table
+  assert "mixed_bfloat16 time vs float32" in table
   assert (out / "sweep.png").stat().st_size > 0
   # Every finished cell is an HParams run under cells/, its session the cell's values.
   assert "final/ms_per_step" in read_events(rows[0].run_dir)
@@ -242,6 +242,85 @@ def test_a_stop_signal_to_a_sweep_stops_its_cell_by_that_signal(tmp_path, monkey
   assert "sweep interrupted" in capsys.readouterr().out
 
 
+# A cell's child as the sweep sees it at its end: it leaves the summary.json argv[2]
+# (none where empty), says argv[3] on stderr, counts argv[4] OOM kills in the stand-in
+# counters, and exits with argv[5] (< 0: dies of that signal, its supervisor with it).
+ENDING_CELL = """
+import os, pathlib, signal, sys
+run_dir, record, said, kills, code = sys.argv[1:]
+if record:
+  pathlib.Path(run_dir).mkdir(parents=True)
+  (pathlib.Path(run_dir) / "summary.json").write_text(record)
+pathlib.Path(os.environ["MPT_OOM_KILLS"]).write_text(f"oom_kill {kills}")
+sys.stderr.write(said)
+sys.stderr.flush()
+if int(code) < 0:
+  os.kill(os.getpid(), -int(code))
+sys.exit(int(code))
+"""
+OOM_LOG_LINE = "W tf: ResourceExhaustedError: OOM when allocating (a log line)\n"
+
+
+@pytest.mark.parametrize("record,said,kills,code,status,error", [
+    # The run's record says how it ended, whatever its stderr says.
+    (dict(status="failed", message="ValueError: bad"), OOM_LOG_LINE, 0, 1, "failed",
+     "ValueError: bad"),
+    (dict(status="completed", ms_per_step=12.5), "mpt: error: memory: (a log)\n", 0, 0,
+     "ok", ""),
+    (dict(status="diverged", message="mpt: diverged at step 3"), OOM_LOG_LINE, 0, 3,
+     "diverged", "mpt: diverged at step 3"),
+    (dict(status="oom", message="the training process died of SIGKILL"), "", 1, 4,
+     "OOM", "the training process died of SIGKILL"),
+    (dict(status="interrupted", message="mpt: interrupted at step 2"), "", 0, 143,
+     "interrupted", "mpt: interrupted at step 2"),
+    # No record: the exit status (errors.EXIT) says how, the last error line why.
+    (None, "mpt: error: memory: batch 64 needs ~9 GiB\n", 0, 2, "OOM (predicted)",
+     "mpt: error: memory: batch 64 needs ~9 GiB"),
+    (None, "mpt: error: --model: unknown\n", 0, 2, "failed",
+     "mpt: error: --model: unknown"),
+    (None, "Traceback\nImportError: no tensorflow\n", 0, 1, "failed",
+     "ImportError: no tensorflow"),
+    (None, "mpt: oom: the training process died\n", 0, 4, "OOM",
+     "mpt: oom: the training process died"),
+    # Its supervisor died too: named by the OOM-kill counters, as the supervisor names.
+    (None, OOM_LOG_LINE, 0, -signal.SIGKILL, "interrupted",
+     "the training process was killed (SIGKILL) from outside mpt"),
+    (None, "", 1, -signal.SIGKILL, "OOM", "the training process died of SIGKILL"),
+])
+def test_a_cell_ended_as_its_run_recorded_itself(tmp_path, monkeypatch, record, said,
+                                                 kills, code, status, error):
+  """Not by a word in its stderr: a run that failed, logging an OOM line, failed."""
+  counters = tmp_path / "oom_kills"
+  counters.write_text("oom_kill 0")
+  monkeypatch.setenv("MPT_OOM_KILLS", str(counters))
+  popen, cfg, opts = subprocess.Popen, *tiny_sweep(tmp_path, batch_sizes="4")
+  cell, out = sweep.cells(cfg, opts)[0], tmp_path / "sweep"
+  run_dir = out / "cells" / cell.id
+  stand_in = lambda cmd, **kw: popen(
+      [sys.executable, "-c", ENDING_CELL, str(run_dir),
+       json.dumps(record) if record else "", said, str(kills), str(code)], **kw)
+  monkeypatch.setattr(sweep_cell, "subprocess", types.SimpleNamespace(
+      Popen=stand_in, DEVNULL=subprocess.DEVNULL, PIPE=subprocess.PIPE,
+      TimeoutExpired=subprocess.TimeoutExpired))
+  ended = sweep_cell.run_cell(cfg, cell, out, timeout=60)
+  assert (ended.status, ended.error[:len(error)]) == (status, error)
+  assert ended.ms == (12.5 if status == "ok" else None)
+  assert ended.run_dir == str(run_dir)
+
+
+def test_a_cell_interrupted_from_outside_does_not_stop_the_sweep(tmp_path, monkeypatch):
+  """A cell whose run recorded `interrupted` without the sweep stopping it (a kill
+  sent to that cell alone) is recorded so, and the sweep goes on to the next."""
+  monkeypatch.setattr(sweep, "run_cell", lambda cfg, cell, out, timeout: (
+      dataclasses.replace(cell, status="interrupted", error="mpt: interrupted at step 2")
+      if cell.batch_size == 4 else dataclasses.replace(cell, status="ok", ms_per_step=1.0)))
+  result = sweep.run(*tiny_sweep(tmp_path, batch_sizes="4,8", run_name="s"))
+  assert (result["status"], result["stop_signal"], result["cells_not_completed"]) == (
+      "completed", None, 1)
+  rows = cells.read_csv(tmp_path / "logs" / "s" / "sweep.csv")
+  assert [(r.batch_size, r.status) for r in rows] == [(4, "interrupted"), (8, "ok")]
+
+
 @pytest.mark.parametrize("spec", ["oom", "oom:x", "melt:4", "kill:4,oops"])
 def test_a_malformed_fault_injection_stops_the_sweep_before_any_cell(tmp_path,
                                                                      monkeypatch, spec):
@@ -288,9 +367,9 @@ seed_convnet,64,64,mixed_bfloat16,custom,False,ok,4600.0,13.9,
 
 GOLDEN = """## seed_convnet, 64 px: ms/step
 
-| batch | float32 fit | mixed_bfloat16 fit | float32 custom | mixed_bfloat16 custom | mixed_bfloat16 fit vs float32 | mixed_bfloat16 custom vs float32 |
+| batch | float32 fit | mixed_bfloat16 fit | float32 custom | mixed_bfloat16 custom | mixed_bfloat16 fit time vs float32 | mixed_bfloat16 custom time vs float32 |
 |---|---|---|---|---|---|---|
-| 32 | 200.0 | 2500.0 | 190.0 | 2400.0 | 0.08x | 0.08x |
+| 32 | 200.0 | 2500.0 | 190.0 | 2400.0 | 12.5x | 12.6x |
 | 64 | 380.0 | OOM | timeout | 4600.0 | - | - |
 """
 

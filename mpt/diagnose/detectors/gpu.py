@@ -14,6 +14,7 @@ from mpt.diagnose.gpu_evidence import GpuEvidence
 from mpt.diagnose.thresholds import (BIG_BOUND, ELIGIBLE_SHARE, HOST_GAP_SHARE,
                                      INPUT_WAIT_SHARE, MEMORY_BOUND_SHARE,
                                      MISSED_TENSOR_CORES, TRANSPOSE_SHARE, UTILISATION)
+from mpt.records.cost import times
 from mpt.records.gpu import Kernel
 
 BASED = ["gpu trace"]
@@ -48,7 +49,7 @@ def idle(g: GpuEvidence) -> Finding | None:
               + f"; waiting for input {inputs:.0%}, host gaps (Python, I/O) {gaps:.0%}"]
   if busy:
     evidence.append(f"mixed precision only shortens kernels: even kernels that took no "
-                    f"time would make the step at most {1 / (1 - busy):.2f}x faster"
+                    f"time would make the step at most {times(1 / (1 - busy))} faster"
                     if busy < 1 else "the GPU was busy the whole step")
   if p.input_statement:
     evidence.append(f"xprof: {p.input_statement}")
@@ -74,13 +75,13 @@ def tensor_cores_unused(g: GpuEvidence) -> Finding | None:
   if cuda < ELIGIBLE_SHARE and tf32 < ELIGIBLE_SHARE:
     return None
   eligible = [k for k in g.profile.kernels if k.eligible and not k.tensor_core]
-  on_tf32 = (f" and {c.tf32_tflops:g} on TF32 Tensor Cores, at most {b.tf32_ratio:.2f}x "
-             f"on ops already there" if b.tf32_ratio else "")
+  on_tf32 = (f" and {c.tf32_tflops:g} on TF32 Tensor Cores, at most "
+             f"{times(b.tf32_ratio)} on ops already there" if b.tf32_ratio else "")
   ratio = (f"data sheet: float16 on Tensor Cores {c.float16_tflops:g} vs float32 "
-           f"{c.float32_tflops:g} TFLOP/s on CUDA cores, at most {b.ratio:.2f}x on "
+           f"{c.float32_tflops:g} TFLOP/s on CUDA cores, at most {times(b.ratio)} on "
            f"eligible ops{on_tf32}" if b.ratio else
            f"{c.source}: the eligible ops are taken as free")
-  step = (f", at most {b.step_bound:.2f}x faster steps at this capture's GPU busy "
+  step = (f", at most {times(b.step_bound)} faster steps at this capture's GPU busy "
           f"share ({g.profile.device_busy_share:.0%} of {g.profile.step_ms:.1f} ms; "
           f"less host time gains more, up to the kernels' bound)"
           if b.step_bound else "")
@@ -90,7 +91,7 @@ def tensor_cores_unused(g: GpuEvidence) -> Finding | None:
       f"in float32 on CUDA cores (eligibility from {g.profile.eligible_from})"
       + (f"; {tf32:.1%} on TF32 Tensor Cores" if tf32 else "")
       + f"; memory-bound {b.shares['memory'] + b.shares['casts']:.1%}",
-      f"upper bound (Amdahl): {b.formula}: at most {b.kernel_bound:.2f}x faster "
+      f"upper bound (Amdahl): {b.formula}: at most {times(b.kernel_bound)} faster "
       f"kernels{step}; a bound, not a promise (casts, loss scaling and misaligned "
       f"shapes take some back)"]
   if eligible:
@@ -100,7 +101,7 @@ def tensor_cores_unused(g: GpuEvidence) -> Finding | None:
           f"float32 runs {tf32:.0%} of its kernel time on TF32 Tensor Cores")
   return Finding(
       "tensor_cores_unused", "high" if (b.step_bound or 0) >= BIG_BOUND else "medium",
-      gain, f"{what}: mixed_float16 at most {b.step_bound or b.kernel_bound:.2f}x "
+      gain, f"{what}: mixed_float16 at most {times(b.step_bound or b.kernel_bound)} "
       f"faster " + ("per step" if b.step_bound else "in kernel time"),
       f"a float32 capture on compute capability >= 7.0 with >= {ELIGIBLE_SHARE:.0%} "
       f"of kernel time in eligible ops on CUDA cores or on TF32 Tensor Cores",
@@ -116,7 +117,7 @@ def no_tensor_cores(g: GpuEvidence) -> Finding | None:
   eligible, memory = g.share(s.eligible_not_tc + s.tensor_core), g.share(s.memory_bound)
   most = 1 / (1 - memory / 2)
   busy = g.profile.device_busy_share
-  step = f", {1 / (1 - (busy or 0) * memory / 2):.2f}x per step" if busy else ""
+  step = f", {times(1 / (1 - (busy or 0) * memory / 2))} per step" if busy else ""
   rate = (f"float16 arithmetic runs at 1/{1 / c.ratio:.0f} of float32 here: 16-bit "
           f"math is slower" if c.ratio and c.ratio < 1 else
           f"its data sheet's float16 rate ({c.float16_tflops:g} vs {c.float32_tflops:g}"
@@ -128,14 +129,14 @@ def no_tensor_cores(g: GpuEvidence) -> Finding | None:
               f"convolutions and matmuls take {eligible:.1%} of {g.kernel_ms:.1f} ms "
               f"kernel time: 16 bits cannot speed them up here",
               f"memory-bound ops take {memory:.1%}: halving their bytes gains at most "
-              f"{most:.2f}x in kernel time{step}"]
+              f"{times(most)} in kernel time{step}"]
   if g.sixteen_bit:
     return Finding("no_tensor_cores", "high", eligible,
                    "a 16-bit run on a GPU without Tensor Cores", "compute capability "
                    "< 7.0 (no Tensor Cores)", evidence, g.policy_step("float32"), BASED)
   return Finding(
       "no_tensor_cores", "medium", 1 - 1 / most,
-      f"no Tensor Cores: mixed_float16 is worth at most {most:.2f}x here (memory-bound "
+      f"no Tensor Cores: mixed_float16 is worth at most {times(most)} here (memory-bound "
       f"ops only)", "compute capability < 7.0 (no Tensor Cores)", evidence,
       "keep float32 on this GPU (mixed_float16 saves memory, for a larger batch, not "
       "time); for speed, a GPU with Tensor Cores (compute capability >= 7.0)", BASED)
@@ -180,7 +181,7 @@ def memory_bound(g: GpuEvidence) -> Finding | None:
                     f"{g.share(fams.get('cast', 0.0)):.1%}")
   else:
     evidence.append(f"16 bits at most halve their bytes: at most "
-                    f"{1 / (1 - memory / 2):.2f}x in kernel time from them")
+                    f"{times(1 / (1 - memory / 2))} in kernel time from them")
   if transpose >= TRANSPOSE_SHARE:
     evidence.append(f"layout transposes {transpose:.1%}: NCHW <-> NHWC around cuDNN")
   step = ("fuse them: XLA (" + ("--jit_compile" if g.rerun else

@@ -7,18 +7,17 @@ and `opportunity` say which op runs slow and which policy is measured fastest, a
 `hardware` (the flags' rule) stays silent.
 """
 
+from mpt import config
 from mpt.diagnose import findings as words
 from mpt.diagnose import opstats
 from mpt.diagnose.detectors.registry import detector
 from mpt.diagnose.evidence import Evidence
-from mpt.diagnose.findings import Finding, x
+from mpt.diagnose.findings import Finding
 from mpt.diagnose.thresholds import HIGH_LOSS, OPPORTUNITY, SLOW_KERNELS
 from mpt.diagnose.thresholds import SLOWER_THAN_FLOAT32
-from mpt.machine import hardware as hardware_lib
 from mpt.machine import probe_ops
+from mpt.records.cost import times
 from mpt.records.verdict import PolicyVerdict
-
-SIXTEEN = hardware_lib.SIXTEEN
 
 
 def _better_step(better: str, half: str, gpu: bool) -> str:
@@ -43,7 +42,7 @@ def hardware(ev: Evidence) -> Finding | None:
   if not found:
     return None
   reason, better = found
-  half = SIXTEEN[s.sixteen]
+  half = config.SIXTEEN[s.sixteen]
   evidence = [reason, words.baseline_line(ev)]
   based_on = (["sibling runs"] if ev.baseline else []) + [
       "compute capability" if caps else "flags"]
@@ -51,7 +50,7 @@ def hardware(ev: Evidence) -> Finding | None:
   if not caps and mb.get(half) and mb.get("float32"):
     evidence.append(f"matmul microbenchmark on this machine: {half} {mb[half]:.1f} vs "
                     f"float32 {mb['float32']:.1f} GFLOP/s "
-                    f"({mb[half] / mb['float32']:.2f}x)")
+                    f"({times(mb[half] / mb['float32'])})")
     based_on.append("microbenchmark")
   if ev.top_ops:
     evidence.append(words.top_ops_line(ev))
@@ -62,20 +61,20 @@ def hardware(ev: Evidence) -> Finding | None:
                  1 - speedup if speedup and speedup < 1 else 0.5,
                  f"{half} has no fast path on this {'GPU' if caps else 'CPU'}",
                  "the device lacks the 16-bit instructions or Tensor Cores (no kernel "
-                 f"probe recorded); high when unmeasured or measured >= {HIGH_LOSS:g}x "
-                 "float32's time", evidence, _better_step(better, half, bool(caps)),
-                 based_on, loss)
+                 "probe recorded); high when unmeasured or measured >= "
+                 f"{times(HIGH_LOSS)} float32's time", evidence,
+                 _better_step(better, half, bool(caps)), based_on, loss)
 
 
 def _slow_words(k: PolicyVerdict, half: str) -> tuple[str, str]:
   """(the slow-kernel finding's title, its first line of evidence): the worst op and
   its kernel where the kernel table names them, else the step's measured ratio."""
   if not k.op:
-    return (f"{half} runs slow here: this model's step {x(k.ratio)} float32's time",
-            f"{half}: this model's step measured {x(k.ratio)} float32's time before "
+    return (f"{half} runs slow here: this model's step {times(k.ratio)} float32's time",
+            f"{half}: this model's step measured {times(k.ratio)} float32's time before "
             f"step 1 (no kernel table names the op: --mode=microbench lists each op's "
             f"kernel)")
-  ratio = f", {x(k.op_ratio)} float32's time" if k.op_ratio else ""
+  ratio = f", {times(k.op_ratio)} float32's time" if k.op_ratio else ""
   short = "oneDNN's reference kernel" if k.reference else k.impl or "?"
   kernel = (k.impl or "an unknown kernel") + (
       " (oneDNN's reference kernel)" if k.reference else "")
@@ -85,8 +84,8 @@ def _slow_words(k: PolicyVerdict, half: str) -> tuple[str, str]:
 
 def _slow_evidence(ev: Evidence, k: PolicyVerdict, loss: float, by: str,
                    fastest: str) -> list[str]:
-  policy, op = ev.summary.policy, k.op or "?"
-  line = _slow_words(k, SIXTEEN[policy])[1]
+  policy, op = ev.summary.sixteen, k.op or "?"
+  line = _slow_words(k, config.SIXTEEN[policy])[1]
   share = ev.traced_share(op)
   if share is not None:
     line += f"; {share:.1%} of traced op time"
@@ -98,11 +97,11 @@ def _slow_evidence(ev: Evidence, k: PolicyVerdict, loss: float, by: str,
   if by == "sibling runs":
     evidence.append(words.baseline_line(ev))
   else:
-    evidence.append(f"{policy}: {x(loss)} float32's time by {words.rests_on(k)}; "
+    evidence.append(f"{policy}: {times(loss)} float32's time by {words.rests_on(k)}; "
                     + words.baseline_line(ev))
   ratios = k.policy_ratios
   evidence.append(words.ratios_line(k) + (
-      f"; {fastest} is {x(ratios[policy] / ratios[fastest])} faster than {policy} "
+      f"; {fastest} is {times(ratios[policy] / ratios[fastest])} faster than {policy} "
       f"for these ops" if ratios.get(policy) and ratios.get(fastest) else ""))
   if k.contradicts:
     evidence.append(f"{k.contradicts}: the diagnosis follows the measurement")
@@ -114,8 +113,8 @@ def slow_kernel(ev: Evidence) -> Finding | None:
   """A measurement put this 16-bit policy's step or ops >= SLOW_KERNELS times
   float32's here: names the worst op, its kernel and its share of the trace, and
   reruns the run under the policy measured fastest."""
-  k, policy = ev.verdict, ev.summary.policy
-  if not k or policy not in SIXTEEN or not k.slow:
+  k, policy = ev.verdict, ev.summary.sixteen  # --layer_policy's 16 bits too.
+  if not k or not policy or not k.slow:
     return None
   found = ev.slowdown()
   if not found or found[0] <= SLOWER_THAN_FLOAT32:
@@ -125,10 +124,10 @@ def slow_kernel(ev: Evidence) -> Finding | None:
   based_on = (["sibling runs"] if by == "sibling runs" else []) + [k.basis] + (
       ["trace"] if ev.top_ops else []) + (["flags"] if k.contradicts else [])
   return Finding(
-      f"slow_kernel:{SIXTEEN[policy]}", words.loss_severity(loss), 1 - 1 / loss,
-      _slow_words(k, SIXTEEN[policy])[0],
-      f"{words.rests_on(k)}: >= {SLOW_KERNELS:g}x float32's time; high from "
-      f"{HIGH_LOSS:g}x measured (the float32 run next to it, else the verdict)",
+      f"slow_kernel:{config.SIXTEEN[policy]}", words.loss_severity(loss), 1 - 1 / loss,
+      _slow_words(k, config.SIXTEEN[policy])[0],
+      f"{words.rests_on(k)}: >= {times(SLOW_KERNELS)} float32's time; high from "
+      f"{times(HIGH_LOSS)} measured (the float32 run next to it, else the verdict)",
       _slow_evidence(ev, k, loss, by, fastest),
       ev.rerun(fastest), based_on, loss)
 
@@ -146,12 +145,12 @@ def _expected(ev: Evidence, k: PolicyVerdict, gain: float, best: str):
                   if opstats.canonical_type(o["type"]) in _PROBED)
     expected = 1 / ((1 - covered) + covered / gain)
     return expected, (f"the probed op types hold {covered:.1%} of this run's traced op "
-                      f"time: expect about {x(expected)} this run's speed under {best} "
-                      f"(the rest of the step does not speed up)"), True
+                      f"time: expect about {times(expected)} this run's speed under "
+                      f"{best} (the rest of the step does not speed up)"), True
   if k.basis == "step cost":
-    return gain, (f"expect about {x(gain)} this run's speed under {best}: the whole "
+    return gain, (f"expect about {times(gain)} this run's speed under {best}: the whole "
                   f"step was timed"), bool(ev.top_ops)
-  return gain, (f"expect up to {x(gain)} this run's speed under {best} if these ops "
+  return gain, (f"expect up to {times(gain)} this run's speed under {best} if these ops "
                 f"take the step's time (--profile_steps=A,B shows their share)"), False
 
 
@@ -172,7 +171,7 @@ def opportunity(ev: Evidence) -> Finding | None:
   if best == "float32" and ev.speedup and ev.speedup >= SLOWER_THAN_FLOAT32:
     return None  # The float32 run next to it measured slower than this one.
   expected, line, traced = _expected(ev, k, gain, best)
-  evidence = [words.ratios_line(k) + f": {best} takes {x(1 / gain)} of {s.policy}'s "
+  evidence = [words.ratios_line(k) + f": {best} takes {times(1 / gain)} of {s.policy}'s "
               f"time", line]
   based_on = [k.basis] + (["trace"] if traced else [])
   found = ev.slowdown() if s.sixteen else None
@@ -186,15 +185,15 @@ def opportunity(ev: Evidence) -> Finding | None:
   guess = k.basis == "probe" and not loss
   severity = ("high" if loss and loss >= HIGH_LOSS else
               "low" if expected < OPPORTUNITY or guess else "medium")
-  title = (f"{best} measured {x(gain)} faster than {s.policy} for this model's step "
+  title = (f"{best} measured {times(gain)} faster than {s.policy} for this model's step "
            "here" if k.basis == "step cost" else
-           f"{best} predicted {x(gain)} faster than {s.policy} by the kernel probe's "
+           f"{best} predicted {times(gain)} faster than {s.policy} by the kernel probe's "
            "representative shapes (this model's step was not timed)")
   return Finding(
       f"opportunity:{best}", severity, 1 - 1 / expected, title,
-      f"another policy >= {OPPORTUNITY:g}x faster than this run's by "
+      f"another policy >= {times(OPPORTUNITY)} faster than this run's by "
       f"{words.rests_on(k)} (low when the traced share of the probed ops leaves less "
-      f"than {OPPORTUNITY:g}x, or when it rests on the probe alone)", evidence,
+      f"than {times(OPPORTUNITY)}, or when it rests on the probe alone)", evidence,
       # A guess is advice to measure, not to switch: the probe's shapes have put a
       # policy 1.3x slower for a model's step ahead.
       f"time {best} next to this run before switching to it: {ev.rerun(best)}"

@@ -5,9 +5,10 @@ whether or not a profile was taken, and the per-layer plan that keeps them apart
 
 from mpt.diagnose.detectors.registry import detector
 from mpt.diagnose.evidence import Evidence
-from mpt.diagnose.findings import Finding, x
+from mpt.diagnose.findings import Finding
 from mpt.diagnose.thresholds import SLOWER_THAN_FLOAT32
 from mpt.records import layers as layers_lib
+from mpt.records.cost import times
 
 AT_STAKE = 0.05  # The slow classes' extra time, as a share of the step, to say it.
 
@@ -43,7 +44,7 @@ def slow_layers(ev: Evidence) -> Finding | None:
       "slow_layers", "medium" if loss and loss > SLOWER_THAN_FLOAT32 else "low",
       min(extra / mine["total"], 1.0),
       f"{', '.join(r['cls'] for r in slow[:3])} slower under {policy} here "
-      f"({x(slow[0]['ratio'])} float32's time"
+      f"({times(slow[0]['ratio'])} float32's time"
       + (f", {slow[0]['share']:.0%} of the step)" if slow[0]["share"] else ")"),
       f"layer classes slower than under float32 holding >= {AT_STAKE:.0%} of the "
       "16-bit step, in the per-layer cost measured before step 1",

@@ -18,6 +18,7 @@ from mpt.diagnose.thresholds import (BF16_ERROR, SCALE_HEADROOM, SCALE_FALL,
                                      UNDERFLOW_SHARE)
 from mpt.records import numerics as numerics_lib
 from mpt.records import spread
+from mpt.records.cost import times
 from mpt.records.numerics import F16_MAX, Worst
 
 
@@ -216,8 +217,8 @@ def loss_scale_room(ev: Evidence) -> Finding | None:
       "loss_scale_room", "medium", lost,
       "the loss scale " + ("kept falling" if fell else "sits far below what the "
                            "gradients allow"),
-      f"the scale fell >= {SCALE_FALL:g}x after warm-up, or sits >= "
-      f"{SCALE_HEADROOM:g}x below the largest the gradients allow while some underflow",
+      f"the scale fell >= {times(SCALE_FALL)} after warm-up, or sits >= "
+      f"{times(SCALE_HEADROOM)} below the largest the gradients allow while some underflow",
       evidence, "find the step whose gradients overflow (a layer in float16 whose "
       "gradients spike): keep it in float32; or a fixed --loss_scale within the "
       "range the gradients allow", ["numerics", "loss scale"])

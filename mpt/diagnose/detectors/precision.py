@@ -9,6 +9,7 @@ from mpt.diagnose.evidence import Evidence
 from mpt.diagnose.findings import Finding
 from mpt.diagnose.thresholds import (MEMORY_DISAGREEMENT, MIN_SCALE, SETTLING_SKIPS,
                                      SKIPPED_SHARE)
+from mpt.records.cost import times
 
 
 @detector("loss_scale", superseded_by=("skip_cause",))
@@ -72,7 +73,7 @@ def memory_estimate(ev: Evidence) -> Finding | None:
   est = mem.estimate
   return Finding(
       "memory_estimate", "low", 0.0,
-      f"memory estimate {ratio:.2f}x the measured peak",
+      f"memory estimate {times(ratio)} the measured peak",
       f"estimate and measured peak differ by more than {MEMORY_DISAGREEMENT:.0%}",
       [f"estimated {est.total_mb:.0f} MB (baseline {est.baseline_mb:.0f}, "
        f"activations {est.activations_mb_per_example * est.batch_size:.0f}, "

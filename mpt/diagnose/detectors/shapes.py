@@ -8,9 +8,7 @@ from mpt.diagnose.evidence import Evidence
 from mpt.diagnose.findings import Finding
 from mpt.diagnose.thresholds import (BATCHNORM_TIME_SHARE, FLOAT32_FLOP_SHARE,
                                      FLOAT32_TIME_SHARE, MISALIGNED_SHARE)
-from mpt.machine import hardware as hardware_lib
-
-SIXTEEN = hardware_lib.SIXTEEN
+from mpt.records.cost import times
 
 
 def _misaligned_step(ev: Evidence, shapes: bool, per_replica: int) -> str:
@@ -98,7 +96,7 @@ def batchnorm_cost(ev: Evidence) -> Finding | None:
   if other and other.batchnorm == "fused" and s.ms_per_step:
     evidence.append(f"the same run with --batchnorm=fused next to it: "
                     f"{other.ms_per_step:.1f} ms/step vs {s.ms_per_step:.1f} "
-                    f"({s.ms_per_step / other.ms_per_step:.2f}x faster) in "
+                    f"({times(s.ms_per_step / other.ms_per_step)} faster) in "
                     f"{other.run_dir}")
     based.append("sibling runs")
   command = (f"python -m mpt.main --flagfile={ev.run_dir}/flags.txt --batchnorm=fused"

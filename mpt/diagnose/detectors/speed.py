@@ -3,20 +3,18 @@ no faster than the float32 run next to it (when nothing before step 1 explains i
 and a run that trained with the slower of TF's two oneDNN settings.
 """
 
+from mpt import config
 from mpt.diagnose import findings as words
 from mpt.diagnose.detectors.registry import detector
 from mpt.diagnose.evidence import Evidence
-from mpt.diagnose.findings import Finding, x
+from mpt.diagnose.findings import Finding
 from mpt.diagnose.thresholds import HIGH_LOSS, ONEDNN_MARGIN, SLOWER_THAN_FLOAT32
 from mpt.diagnose.thresholds import XLA_MARGIN
-from mpt.records.cost import OnednnChoice
-from mpt.machine import hardware as hardware_lib
-
-SIXTEEN = hardware_lib.SIXTEEN
+from mpt.records.cost import OnednnChoice, times
 
 
 def _fast_here(ev: Evidence, policy: str) -> bool:
-  return policy not in SIXTEEN or ev.no_fast_path(policy) is None
+  return not config.sixteen_bit(policy) or ev.no_fast_path(policy) is None
 
 
 def favoured_policy(ev: Evidence) -> tuple[str, str] | None:
@@ -25,15 +23,15 @@ def favoured_policy(ev: Evidence) -> tuple[str, str] | None:
   configuration (a 16-bit one only where the CPU flags give it a fast path), else the
   CPU flags / compute capability."""
   s = ev.summary
-  times = {p: o.ms_per_step for p, o in ev.siblings.items()
-           if o.ms_per_step and _fast_here(ev, p)}
-  if times:
-    best = min(times, key=times.get)
-    flags = (f"; the CPU flags give {SIXTEEN[best]} a fast path" if best in SIXTEEN
-             else "")
-    return best, (f"its sibling run under {best} measured {times[best]:.1f} ms/step "
+  ms = {p: o.ms_per_step for p, o in ev.siblings.items()
+        if o.ms_per_step and _fast_here(ev, p)}
+  if ms:
+    best = min(ms, key=ms.get)
+    flags = (f"; the CPU flags give {config.SIXTEEN[best]} a fast path"
+             if config.sixteen_bit(best) else "")
+    return best, (f"its sibling run under {best} measured {ms[best]:.1f} ms/step "
                   f"next to this one's {s.ms_per_step:.1f}{flags}")
-  for policy in ("mixed_bfloat16", "mixed_float16", "float32"):
+  for policy in sorted(config.POLICY_DTYPE, key=lambda p: not config.sixteen_bit(p)):
     if policy != s.policy and _fast_here(ev, policy):
       return policy, ("the CPU flags / compute capability give it a fast path; no run "
                       "of it next to this one measured it")
@@ -54,7 +52,7 @@ def no_speedup(ev: Evidence) -> Finding | None:
   step = words.where_time_goes(ev)
   k = ev.verdict
   if k:
-    evidence.append(f"{words.rests_on(k)}: {x(k.ratio)} float32's time under "
+    evidence.append(f"{words.rests_on(k)}: {times(k.ratio)} float32's time under "
                     f"{s.policy}: the kernels do not "
                     f"explain the loss, the rest of the step does (casts, per-op "
                     f"overhead, input)")
@@ -73,8 +71,8 @@ def no_speedup(ev: Evidence) -> Finding | None:
     based_on.append("trace")
   return Finding("no_speedup", words.loss_severity(1 / speedup), 1 - speedup,
                  "no speed-up over float32",
-                 f"speed-up over float32 < {SLOWER_THAN_FLOAT32:g}x; high from "
-                 f"{HIGH_LOSS:g}x float32's time", evidence, step, based_on,
+                 f"speed-up over float32 < {times(SLOWER_THAN_FLOAT32)}; high from "
+                 f"{times(HIGH_LOSS)} float32's time", evidence, step, based_on,
                  1 / speedup)
 
 
@@ -98,9 +96,9 @@ def onednn(ev: Evidence) -> Finding | None:
   digits, unit = (0, "ms/step") if whole else (1, "ms")
   return Finding(
       "onednn", "high" if loss >= HIGH_LOSS else "medium", 1 - 1 / loss,
-      f"TF's oneDNN rewrite was {ran}, measured {x(loss)} slower than {other} here",
-      f"the setting the run trained with measured >= {1 + ONEDNN_MARGIN:g}x the other "
-      f"for {choice.measured} {'before' if whole else 'after'} step 1",
+      f"TF's oneDNN rewrite was {ran}, measured {times(loss)} slower than {other} here",
+      f"the setting the run trained with measured >= {times(1 + ONEDNN_MARGIN)} the "
+      f"other for {choice.measured} {'before' if whole else 'after'} step 1",
       [f"{choice.measured} measured ~{ms['on']:,.{digits}f} {unit} with the rewrite "
        f"on, ~{ms['off']:,.{digits}f} off; the run had it {ran} ({choice.why or '?'}; "
        f"TF_ENABLE_ONEDNN_OPTS={s.tf_enable_onednn_opts or 'unset'})"],
@@ -130,8 +128,8 @@ def xla(ev: Evidence) -> Finding | None:
   loss = found[0] / found[1]
   return Finding(
       "xla", "high" if loss >= HIGH_LOSS else "medium", 1 - 1 / loss,
-      f"XLA (--jit_compile) measured {x(loss)} slower than without it here",
-      f"the run's step with XLA >= {1 + XLA_MARGIN:g}x its step without it, both "
+      f"XLA (--jit_compile) measured {times(loss)} slower than without it here",
+      f"the run's step with XLA >= {times(1 + XLA_MARGIN)} its step without it, both "
       "timed before step 1",
       [f"this model's step measured ~{found[0]:,.0f} ms with XLA, ~{found[1]:,.0f} "
        "without it, under the same policy and batch"],

@@ -9,9 +9,9 @@ mixed_float16 is dropped, and the table says which layer and why. Where the per-
 (mpt/train/before_step1/layers.py) predict a plan over it faster (mpt/records/layers.py
 `best_plan`: layer classes kept in another policy, casts included), the plan and the
 best uniform policy are timed side by side as whole steps, and the plan is adopted
-only when measured at least MARGIN faster: the per-layer sums guide, the whole step
-decides. Without a measurement (a stand-in of
-`none`) nothing is timed here: float32 is kept, and the record says it is a guess.
+only when measured at least PLAN_MARGIN faster (mpt/records/cost.py): the per-layer
+sums guide, the whole step decides. Without a measurement (a stand-in of `none`)
+nothing is timed here: float32 is kept, and the record says it is a guess.
 The run then trains from scratch with the choice, recorded as that policy (and
 --layer_policy) in flags.txt, so that --resume and a replayed flags.txt continue it.
 On a GPU the kernel table (mpt/machine/gpu_table.py, from the same measurement) adds
@@ -30,8 +30,6 @@ from mpt.records.verdict import BESIDE, Candidate, PolicyChoice
 from mpt.records import cost as cost_records
 from mpt.train.before_step1 import cost as cost_lib
 
-CANDIDATES = tuple(POLICY_DTYPE)
-MARGIN = 0.05  # A plan must measure this much faster than the best uniform policy.
 # Times a plan beside a uniform policy as whole steps: (plan's row, policy's row).
 PlanTimer = Callable[[Plan], tuple[PolicyCost | None, PolicyCost | None]]
 
@@ -91,9 +89,9 @@ def _plan(best: Candidate, plan: Plan | None, time_plan: PlanTimer | None,
   said = (f"{plan.layer_policy()} over {plan.policy} measured {gain:+.0%} against "
           f"{theirs.policy} ({mine.ms_per_step:,.1f} vs {theirs.ms_per_step:,.1f} ms, "
           f"side by side)")
-  if gain >= MARGIN and mine.finite:
+  if gain >= cost_records.PLAN_MARGIN and mine.finite:
     return rows, plan.layer_policy(), f"adopted: {said}"
-  return rows, "", f"not adopted (needs {MARGIN:.0%}): {said}"
+  return rows, "", f"not adopted (needs {cost_records.PLAN_MARGIN:.0%}): {said}"
 
 
 def choose(cost: Cost | None, plan_for: Callable[[str], Plan | None] | None = None,
@@ -110,7 +108,7 @@ def choose(cost: Cost | None, plan_for: Callable[[str], Plan | None] | None = No
         "auto", "float32", 0, [], seconds,
         note="nothing measured here: float32 kept, a guess, not a measurement")
   base = cost.predicted().get("float32")
-  rows = [_candidate(cost.of(p), base) for p in CANDIDATES if cost.of(p)]
+  rows = [_candidate(cost.of(p), base) for p in POLICY_DTYPE if cost.of(p)]
   for r in rows:
     r.dropped = r.dropped or (unsafe or {}).get(r.policy)
   usable = [r for r in rows if r.ms_per_step and r.finite and not r.dropped]
@@ -122,7 +120,7 @@ def choose(cost: Cost | None, plan_for: Callable[[str], Plan | None] | None = No
                                     time_plan, base)
   rows += extra
   _kernels(rows, cost.gpu_kernels)
-  timed = max((cost.of(p).steps_timed for p in CANDIDATES if cost.of(p)), default=0)
+  timed = max((cost.of(p).steps_timed for p in POLICY_DTYPE if cost.of(p)), default=0)
   return best.policy, layer_policy, PolicyChoice(
       "auto", best.policy, timed, rows, round(seconds, 2), layer_policy, note)
 
@@ -146,7 +144,7 @@ def format_table(choice: PolicyChoice, markdown: bool = False) -> str:
       else [head]
   for r in choice.candidates:
     ms = f"{r.ms_per_step:.1f}" if r.ms_per_step else "-"
-    vs = cost_records.times(1 / r.vs_float32) if r.vs_float32 else "-"
+    vs = cost_records.times(r.time_vs_float32) if r.time_vs_float32 else "-"
     chosen = r.policy == choice.chosen and r.layer_policy == choice.layer_policy and (
         r.dropped is None)
     note = r.dropped or ("non-finite loss" if not r.finite else

@@ -62,6 +62,7 @@ from mpt.train.common import keras_fit
 from mpt.train.common import model as model_lib
 from mpt.train.common import precision
 from mpt.train.common import steps as steps_lib
+from mpt.train.common.plan import Plan
 
 ENV = "MPT_COST"
 ALWAYS = "always"
@@ -97,12 +98,10 @@ def stepper(cfg: config.Config, model: keras.Model, batch: int) -> Make:
 
   def make(key: Key, infinite: set) -> timer.Call:
     policy, layer_policy, jit = key
-    pairs = config.layer_policies(layer_policy)
-    with policies.switched(model, policies.uniform(policy, pairs)):
-      scaled = config.scales_loss(dataclasses.replace(cfg, policy=policy,
-                                                      layer_policy=layer_policy))
+    plan = dataclasses.replace(Plan.of(cfg), policy=policy, layer_policy=layer_policy)
+    with policies.switched(model, policies.uniform(policy, plan.layers)):
       optimizer = precision.make_optimizer(policy, cfg.learning_rate, cfg.loss_scale,
-                                           scaled=scaled)
+                                           scaled=plan.scales_loss)
       step = steps_lib.Steps(model, optimizer,
                              jit_compile=cfg.jit_compile if jit is None else jit,
                              global_batch=batch)
@@ -139,7 +138,7 @@ def pathological(model: keras.Model, table: Table = kernel_table) -> dict[str, f
 
 
 def measure(cfg: config.Config, build: Callable[[], keras.Model],
-            policies=cost_lib.POLICIES, clock: Clock = time.perf_counter,
+            policies=tuple(config.POLICY_DTYPE), clock: Clock = time.perf_counter,
             gpu: bool | None = None, plans: tuple[tuple[str, str], ...] = (),
             table: Table = kernel_table, planned_steps: int | None = None) -> Cost:
   """Times the model's step under `policies` and the per-layer `plans` ((policy,
@@ -255,7 +254,7 @@ def _predicted_row(key: tuple, ratio: float, f32: PolicyCost) -> PolicyCost:
   ms = round(f32.ms_per_step * ratio, 3) if f32.ms_per_step and not f32.bound else None
   return PolicyCost(key[0], ms_per_step=ms, layer_policy=key[1], jit_compile=key[2],
                     predicted=True, stopped=(
-      f"predicted from the kernel table ({ratio:.0f}x float32's ops), not timed"))
+      f"predicted from the kernel table ({cost_lib.times(ratio)} float32's ops), not timed"))
 
 
 def stand_in() -> tuple[bool, Cost | None, str | None]:
@@ -284,7 +283,7 @@ def for_run(cfg: config.Config, build: Callable[[], keras.Model], planned_steps:
   standing, found, note = stand_in()
   if standing:
     return found, note
-  want = [(p, "", None) for p in cost_lib.POLICIES] + (
+  want = [(p, "", None) for p in config.POLICY_DTYPE] + (
       [(cfg.policy, cfg.layer_policy, None)] if cfg.layer_policy else []) + (
       # A run with XLA: its step without it too (XLA measured 12-29x slower on a CPU).
       [(cfg.policy, cfg.layer_policy, False)] if cfg.jit_compile

@@ -97,7 +97,7 @@ def for_run(cfg: config.Config, model: keras.Model, cost: Cost | None,
   found = layers_lib.cached(key(cfg))
   ratio = (cost.ratios() if cost else {}).get(cfg.policy)
   if found is None:
-    if cfg.policy == "float32" or not ratio or ratio < SLOWER:
+    if not ratio or ratio < SLOWER:  # float32's own ratio is 1.
       return None
     if planned_steps < cost_lib.MIN_RUN_STEPS:
       return None

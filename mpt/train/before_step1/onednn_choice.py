@@ -139,16 +139,16 @@ def choose(cfg: config.Config, measure=_cached_or_measured) -> OnednnChoice:
   if cached and len(cached.measured_ms) == 2:
     cached.why += f" ({cached.source}: measured once per machine and model)"
     return cached
-  policies = (list(cost_lib.POLICIES) if cfg.policy == "auto" else
+  policies = (list(config.POLICY_DTYPE) if cfg.policy == "auto" else
               list(dict.fromkeys(["float32", cfg.policy])))
-  run_policies = list(cost_lib.POLICIES) if cfg.policy == "auto" else [cfg.policy]
+  run_policies = list(config.POLICY_DTYPE) if cfg.policy == "auto" else [cfg.policy]
   figures, errors, took, start = {}, [], [], time.perf_counter()
   for setting in (False, True):
     # With the rewrite on (what measured faster on the CPUs met so far) every policy:
     # when it wins, the run finds its whole cost cached and measures nothing more.
     begin = time.perf_counter()
     found, error = measure(cfg, setting,
-                           list(cost_lib.POLICIES) if setting else policies)
+                           list(config.POLICY_DTYPE) if setting else policies)
     took.append(f"{'on' if setting else 'off'} {time.perf_counter() - begin:.1f} s")
     figures[setting] = _figures(found, run_policies)
     if not figures[setting]:

@@ -25,9 +25,6 @@ from mpt.records.cost import device_batch
 from mpt.records.memory import MemoryPlan
 from mpt.train.common import keras_fit
 
-# The policies a run trains under (--policy's, less `auto`), in name order: the order
-# memory.json, summary.json and the will-not-fit line list them in.
-POLICIES = tuple(sorted(p for p in config.POLICIES if p != "auto"))
 
 
 class WillNotFit(UserError):
@@ -43,7 +40,7 @@ def estimates(report: dict[str, Any], batch_size: int, trainable: int,
   the CPU flags (which a recorded cpuinfo may stand in for)."""
   emulated = not gpu and not keras_fit.onednn_rewrite_on()
   return {p: memory.estimate(report, p, batch_size, baseline_mb, trainable, emulated)
-          for p in POLICIES}
+          for p in sorted(config.POLICY_DTYPE)}  # Name order: memory.json's.
 
 
 def check(policy: str, ests: dict[str, memory.Estimate], force: bool,

@@ -345,7 +345,7 @@ def measure(step: Step, optimizers: list, own: str, planned_steps: int | None = 
     skip.update(timing.pathological(model, table))
   with _Kept(_state(step, optimizers)) as kept:
     found.policies = timing.time_candidates(
-        [(p, "", None) for p in cost_lib.POLICIES], stepper(step, kept, optimizer),
+        [(p, "", None) for p in config.POLICY_DTYPE], stepper(step, kept, optimizer),
         skip, own, clock, planned_steps)
   found.seconds = round(clock() - start, 2)
   return found
@@ -365,7 +365,7 @@ def for_script(step: Step, optimizers: list, own: str, planned_steps: int | None
   cached = cost_lib.cached(key_for(step, optimizers))
   planned_steps = timing.planned(planned_steps)
   if cached and all(cached.of(p) and cached.of(p).known_for(planned_steps)
-                    for p in cost_lib.POLICIES):
+                    for p in config.POLICY_DTYPE):
     return cached, None
   if planned_steps is not None and planned_steps < cost_lib.MIN_RUN_STEPS:
     return None, (f"the step's cost per policy was not measured: this run's "

@@ -13,9 +13,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from mpt import config
 from mpt import files
-from mpt import models
 from mpt import speech
 from mpt.errors import UserError
 from mpt.measure import dtypes as dtypes_lib
@@ -32,18 +30,18 @@ from mpt.train.before_step1 import preflight
 from mpt.train.common import stepflops
 from mpt.train.common import steps as steps_lib
 from mpt.train.common.model import build_model
+from mpt.train.common.plan import Plan
 
 
-def inspect_only(cfg: config.Config) -> dict[str, Any]:
+def inspect_only(cfg: Plan) -> dict[str, Any]:
   """`--mode=inspect`: the dtype report of `cfg.model` under `cfg.policy`, no training.
 
   The model gets 10 classes (Imagenette's) and `--image_size` inputs; the report is
   printed and written to a run folder as dtypes.json and a TensorBoard text summary.
   """
-  config.validate(cfg)
+  cfg = Plan.of(cfg)
   if cfg.policy == "auto":
     raise UserError("--policy=auto times training steps: use it with --mode=train")
-  models.parse_opts(cfg.model, cfg.model_opts)  # Checks the name and the options.
   rundir.check_root(cfg)
   keras.backend.clear_session(free_memory=False)  # As a run starts (prepare.py).
   keras.utils.set_random_seed(cfg.seed)
@@ -86,7 +84,7 @@ def inspect_only(cfg: config.Config) -> dict[str, Any]:
           "numerics": found.to_dict() if found else None}
 
 
-def _step_flops(cfg: config.Config, model: keras.Model,
+def _step_flops(cfg: Plan, model: keras.Model,
                 report: dict[str, Any]) -> dict[str, Any] | None:
   """The training step's FLOPs at --batch_size, as a run would count them: the graph
   of the step the custom loop runs (mpt/train/common/stepflops.py), traced, not run;
@@ -94,7 +92,7 @@ def _step_flops(cfg: config.Config, model: keras.Model,
   the step cannot be traced."""
   try:
     optimizer = precision.make_optimizer(cfg.policy, cfg.learning_rate, cfg.loss_scale,
-                                         scaled=config.scales_loss(cfg))
+                                         scaled=cfg.scales_loss)
     steps = steps_lib.Steps(model, optimizer, loss=steps_lib.make_loss(),
                             global_batch=cfg.batch_size)
     size = cfg.image_size
@@ -121,7 +119,7 @@ def _write_plan(run_dir, model: keras.Model, per_layer) -> None:
   print(speech.plan_line(where, found[1]))
 
 
-def _batches(cfg: config.Config) -> tuple[list | None, list[str]]:
+def _batches(cfg: Plan) -> tuple[list | None, list[str]]:
   """(a few training batches for the numerics, the class names), or (None, []) where
   --numerics is off or the data cannot be read (said: the inspection goes on)."""
   if not numerics_lib.wanted(cfg, inspect=True):

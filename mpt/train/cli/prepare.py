@@ -26,9 +26,7 @@ import tensorflow as tf
 
 from mpt import config
 from mpt import files
-from mpt import flagvalues
 from mpt import injection
-from mpt import models
 from mpt import speech
 from mpt import supervisor
 from mpt.errors import UserError
@@ -46,12 +44,13 @@ from mpt.train.common import precision
 from mpt.train.before_step1 import preflight
 from mpt.train.before_step1.measure import BeforeStep1, before_step1
 from mpt.train.common.model import build_model
+from mpt.train.common.plan import Plan
 
 
 @dataclasses.dataclass
 class Run:
   """One training run as `prepare` leaves it before its first step."""
-  cfg: config.Config  # As the run trains: resumed, --onednn and --policy=auto settled.
+  cfg: Plan  # As the run trains: resumed, --onednn and --policy=auto settled.
   dist: distribute.Setup
   data: data_lib.Data
   policy: keras.DTypePolicy
@@ -93,17 +92,15 @@ def resume_config(cfg: config.Config) -> config.Config:
 def prepare(cfg: config.Config) -> Run:
   """Everything before the first step; UserError before any work where possible."""
   started = time.perf_counter()
-  if cfg.resume:
-    cfg = resume_config(cfg)
-  dist, fault_window = _start(cfg)
+  cfg = Plan.of(resume_config(cfg) if cfg.resume else cfg)
+  dist = _start(cfg)
   data = _load_data(cfg)
   before = before_step1(cfg, data, dist.workers)
   cfg = before.cfg
   policy = precision.set_policy(cfg.policy)
   print(precision.describe(policy), flush=True)
-  window = profiler.parse_window(cfg.profile_steps, cfg.warmup_steps,
-                                 cfg.epochs * data.steps_per_epoch,
-                                 gpu=bool(tf.config.list_logical_devices("GPU")))
+  window = profiler.window(cfg.profile, cfg.warmup_steps, cfg.epochs * data.steps_per_epoch,
+                           gpu=bool(tf.config.list_logical_devices("GPU")))
   run_dir, out_dir = _folders(cfg, dist)
   if not dist.is_chief:
     cfg = dataclasses.replace(cfg, verbose=0, profile_steps="off")
@@ -113,7 +110,7 @@ def prepare(cfg: config.Config) -> Run:
   with dist.strategy.scope():  # Variables become mirrored (or stay local: default).
     model = build_model(cfg, len(data.class_names), dist.replicas)
     optimizer = precision.make_optimizer(cfg.policy, cfg.learning_rate, cfg.loss_scale,
-                                         scaled=config.scales_loss(cfg))
+                                         scaled=cfg.scales_loss)
     optimizer.build(model.trainable_variables)  # Its slots must exist to be restored.
   if cfg.layer_policy and dist.is_chief:  # The plan in the form a script applies.
     _write_plan(cfg, model, out_dir, before.choice is not None)
@@ -134,33 +131,29 @@ def prepare(cfg: config.Config) -> Run:
   return Run(cfg=cfg, dist=dist, data=data, policy=policy, run_dir=run_dir,
              out_dir=out_dir, model=model, optimizer=optimizer, ckpt=ckpt,
              start_step=start_step, prior=prior, started=started, window=window,
-             fault_window=fault_window, report=report, memory=mem, sampler=sampler,
+             fault_window=cfg.faults, report=report, memory=mem, sampler=sampler,
              before=before)
 
 
 def _write_plan(cfg: config.Config, model: keras.Model, out_dir: pathlib.Path,
                 auto: bool) -> None:
   """The run's --layer_policy as the DTypePolicyMap a script applies, said."""
-  found = policies.map_of(model, config.layer_policies(cfg.layer_policy))
+  found = policies.map_of(model, list(cfg.layers))
   where = policies.write_map(out_dir, found, f"--policy={cfg.policy} --layer_policy="
                              f"{cfg.layer_policy}" + (" (--policy=auto)" if auto else ""))
   print(speech.plan_line(where, found[1]), flush=True)
 
 
-def _start(cfg: config.Config) -> tuple[distribute.Setup, tuple[int, int] | None]:
-  """The checks of the run's input, the strategy and a fresh TF state: (the
-  strategy's setup, --fault_steps' window)."""
-  config.validate(cfg)
+def _start(cfg: Plan) -> distribute.Setup:
+  """The checks of the run's input (its flags: resolved in its Plan), the strategy
+  and a fresh TF state."""
   injection.injected_faults()  # A malformed MPT_INJECT_FAULT is bad input, said now.
   injection.kill_at()  # So is a malformed MPT_KILL_AT.
   # First: devices and collectives can only be set up before TF's runtime starts.
   dist = distribute.setup(cfg)
   distribute.check_batch(cfg, dist)
-  models.parse_opts(cfg.model, cfg.model_opts)  # Checks the name and the options.
   if dist.is_chief:
     rundir.check_root(cfg)
-  profiler.parse_window(cfg.profile_steps, cfg.warmup_steps, 10**12)  # Syntax, early.
-  fault_window = flagvalues.parse_steps(cfg.fault_steps, "fault_steps")
   # Fresh Keras state (layer names, graph) when runs share a process (tests, a
   # notebook). Without Python's full collection, which in a long-lived process holding
   # many models takes longer than a tiny run (automatic collection still runs).
@@ -175,7 +168,7 @@ def _start(cfg: config.Config) -> tuple[distribute.Setup, tuple[int, int] | None
                     "give the policy")
   if dist.replicas > 1 or cfg.strategy != "default":  # One device: nothing to say.
     print(f"mpt: {dist.describe()}", flush=True)
-  return dist, fault_window
+  return dist
 
 
 def _load_data(cfg: config.Config) -> data_lib.Data:

@@ -8,6 +8,9 @@ keras_fit.py  every Keras/TensorFlow internal mpt touches, with its versions
 numerics.py   when and on which batches a run's numerics are sampled (both entries)
 besteffort.py inside a script's training, a failing part is a line, never an error
 figures.py    the RunSummary figures of a step timer and an optimizer (both entries)
+plan.py       the run's flags resolved once into a typed Plan
 stepflops.py  the step's FLOPs, counted from the ops of its traced graph
+countstep.py  when the step's FLOPs are counted (after step 1, by a callback)
+overflow.py   which op made a skipped step overflow (its batch replayed)
 ending.py     the one end of every run: summary.json, runs.csv, the diagnosis
 """

@@ -15,13 +15,15 @@ from mpt import models
 from mpt.errors import UserError
 from mpt.measure import policies
 from mpt.models import fused_bn
+from mpt.train.common.plan import Plan
 
 
 def build_model(cfg: config.Config, n_classes: int, replicas: int = 1) -> keras.Model:
   """The --model variant for --image_size inputs (under the caller's strategy scope),
-  with --batchnorm's layers and --layer_policy's policies."""
-  model = _with_batchnorm(cfg, n_classes, replicas)
-  apply_layer_policy(model, config.layer_policies(cfg.layer_policy))
+  with --batchnorm's layers and --layer_policy's policies (`cfg`: the run's Plan)."""
+  plan = Plan.of(cfg)
+  model = _with_batchnorm(plan, n_classes, replicas)
+  apply_layer_policy(model, plan.layers)
   return model
 
 
@@ -52,13 +54,13 @@ def apply_layer_policy(model: keras.Model, pairs: list[tuple[str, str]]) -> dict
   return counts
 
 
-def _with_batchnorm(cfg: config.Config, n_classes: int, replicas: int) -> keras.Model:
+def _with_batchnorm(cfg: Plan, n_classes: int, replicas: int) -> keras.Model:
   size = cfg.image_size
   synchronized = cfg.sync_batchnorm and replicas > 1
   model = models.build(cfg.model, (size, size, 3), n_classes,
                        run_options={"bn_momentum": cfg.bn_momentum,
                                     "bn_synchronized": synchronized},
-                       **models.parse_opts(cfg.model, cfg.model_opts))
+                       **cfg.opts)
   if cfg.batchnorm == "fused":
     if synchronized:  # The fused kernel has no cross-replica statistics.
       print(f"mpt: --batchnorm=fused: BatchNorm is synchronized across {replicas} "

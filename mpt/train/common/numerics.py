@@ -33,6 +33,7 @@ from mpt.train.common import keras_fit
 from mpt.train.common import overflow
 from mpt.train.common import precision
 from mpt.train.common import steps as steps_lib
+from mpt.train.common.plan import Plan
 
 BATCHES = 2
 
@@ -43,7 +44,7 @@ def wanted(cfg: config.Config, inspect: bool = False) -> bool:
     return cfg.numerics == "on"
   if inspect:
     return True
-  return config.sixteen_bit(cfg.policy, cfg.layer_policy) is not None
+  return Plan.of(cfg).sixteen is not None
 
 
 @dataclasses.dataclass
@@ -164,7 +165,7 @@ def for_run(run, loss: keras.losses.Loss, done: Callable[[], int],
   cfg = run.cfg
   if not wanted(cfg) or not run.dist.is_chief:
     return None
-  found = Numerics(cfg.policy, cfg.loss_scale if config.scales_loss(cfg) else "none")
+  found = Numerics(cfg.policy, cfg.loss_scale if cfg.scales_loss else "none")
   if run.dist.replicas > 1:
     found.not_measured["numerics"] = (
         f"the model runs on {run.dist.replicas} replicas: a sample reads one device's "
@@ -174,7 +175,7 @@ def for_run(run, loss: keras.losses.Loss, done: Callable[[], int],
   _carried(found, run.out_dir, run.start_step)
   source = Source(lambda: run.model, of_data(run.data), lambda: sparse_loss(loss),
                   lambda: precision.loss_scale(run.optimizer)
-                  if config.scales_loss(cfg) else None)
+                  if cfg.scales_loss else None)
   return Watch(source, found, run.out_dir, run.start_step + cfg.warmup_steps + 1, done,
                writer=writer)
 
@@ -241,8 +242,8 @@ def for_library(end, done: Callable[[], int], warmup_steps: int,
   a 16-bit global policy) asks for it. Its failures are the run's `not_measured`."""
   if when not in ("auto", "on", "off"):
     raise ValueError(f"numerics={when!r}: auto, on or off")
-  policy = policies.plain(keras.mixed_precision.global_policy())  # A map's default.
-  if when == "off" or (when == "auto" and policy.compute_dtype == "float32"):
+  policy = keras.mixed_precision.global_policy()
+  if when == "off" or (when == "auto" and policies.sixteen(policy) is None):
     return []
 
   def model() -> keras.Model:
@@ -259,7 +260,8 @@ def for_library(end, done: Callable[[], int], warmup_steps: int,
     x, y, _ = keras.utils.unpack_x_y_sample_weight(end.latest)
     return [(x, y)]
 
-  found = Numerics(policy.name, "dynamic" if config.scales(policy.name) else "none")
+  name = policies.plain(policy).name  # A map's default.
+  found = Numerics(name, "dynamic" if config.scales(name) else "none")
   source = Source(model, batches, lambda: _fit_loss(model(), end.opts.api),
                   end.optimizers.loss_scale)
   watch = Watch(source, found, end.run_dir, warmup_steps + 1, done, end.parts,

@@ -25,16 +25,12 @@ callbacks from a user's own loop.
 
 import dataclasses
 import pathlib
-import sys
 import time
 
 import keras
-import numpy as np
 
-from mpt import files
 from mpt.errors import UserError
 from mpt.machine import hardware
-from mpt.measure import dtypes as dtypes_lib
 from mpt.measure import instrument
 from mpt.measure import observe
 from mpt.measure import policies
@@ -46,11 +42,11 @@ from mpt.records.summary import RunSummary
 from mpt.train.common import besteffort
 from mpt.train.common import ending
 from mpt.train.common import figures as figures_lib
-from mpt.train.common import countstep
-from mpt.train.common import stepflops
 from mpt.train.common import keras_fit
 from mpt.train.common import numerics as numerics_lib
 from mpt.train.common import precision
+from mpt.train.script import costing
+from mpt.train.script import inspect
 from mpt.train.script import watch
 from mpt.train.common.besteffort import Guarded, Parts
 
@@ -92,11 +88,9 @@ class RunFolder(keras.callbacks.Callback):
     self.parts = Parts(self.not_measured)
     self.optimizers = watch.Optimizers()
     self.program = program_lib.Program(api=opts.api, batch_size=opts.batch_size)
-    self.report, self.verdict, self.batch, self.inspected = None, None, None, False
-    self.costed = 0  # The fits whose step cost was taken.
+    self.report, self.verdict, self.batch = None, None, None  # inspect.py's; costing.py's.
     self.latest = None  # The last batch fed.
-    # The step's FLOPs, counted after step 1, taken into dtypes.json.
-    self.flops = countstep.CountStep(writer.sources, counted=self._into_dtypes)
+    self.flops = None  # The step's FLOPs (inspect.py's CountStep).
     # mpt.track: how the loop ended (mpt/errors.py `ended`), and what happened.
     self.status, self.message = "completed", None
     self.start = time.perf_counter()
@@ -144,121 +138,11 @@ class RunFolder(keras.callbacks.Callback):
     self.latest = batch
     return batch
 
-  def on_train_batch_begin(self, batch, logs=None):
-    if not self.inspected and self.opts.loop == "fit":  # Before fit traces its step.
-      self.parts.attempt("flops", self._watch_flops)
-
-  def _watch_flops(self) -> None:
-    self.flops.set_model(self.model)
-    self.flops.on_train_batch_begin(0)
-
-  def on_train_batch_end(self, batch, logs=None):
-    if not self.inspected:  # After the first step: the model is built, a batch seen.
-      self.inspected = True
-      self.parts.attempt("inspect", self._inspect)
-      self.parts.attempt("flops", self._count_flops)
-    if self.costed < len(self.program.fits) and len(self.timer.here) >= max(
-        1, self.timer.warmup_steps):  # Each fit's warm-up done: its step's cost.
-      self.costed = len(self.program.fits)
-      self.parts.attempt("cost", self._cost)
-      self.verdict = self.parts.attempt("verdict", precision.check_speed,
-                                        self.policy_name(), self.layer_classes(),
-                                        self.cost, self.opts.api)
-
-  def _cost(self) -> None:
-    from mpt.train.script import stepcost  # The cost's machinery: after step 1 only.
-    stepcost.for_fit(self)
-
   def on_epoch_end(self, epoch, logs=None):
     self.program.fits[-1].epochs_completed += 1
 
-  def _inspect(self) -> None:
-    fed = None
-    if self.batch is not None:  # fit's batch is (x, y, weights); a loop's is its own.
-      fed = self.batch
-      if self.opts.loop == "fit":
-        fed = keras.utils.unpack_x_y_sample_weight(self.batch)[0]
-      self._fed(fed)
-    self.report = self._report(fed if len(self.models) == 1 else None)
-    self.parts.attempt("trained", self._trained)
-    files.write_json(self.run_dir / "dtypes.json", self.report)
-    print(dtypes_lib.one_line(self.report), flush=True)
-    self.writer.text("inspect/dtypes", dtypes_lib.format_table(self.report, True))
-
-  def _trained(self) -> None:
-    """Which parameters the step trains (those its optimizers step, known once they
-    were built by step 1): `trained_params`, and the parts it only reads (an EMA copy,
-    a frozen teacher) as `read_only_parts`."""
-    trained = {id(v) for o in watch.find(self.models, self.opts.optimizer)
-               for v in keras_fit.trained_variables(o)}
-    if not trained:
-      self.not_measured["trained"] = "no built optimizer found: which weights train is unknown"
-      return
-    if len(self.models) == 1 and not observe.has_call(self.models[0]):
-      found = observe.parts(self.models[0])
-      named = zip(observe.part_names(self.models[0], found), found)
-    else:
-      named = zip(observe.part_names(None, self.models), self.models)
-    weights = {id(v): v for m in self.models for v in m.weights}
-    self.report["trained_params"] = sum(
-        int(np.prod(v.shape)) for i, v in weights.items() if i in trained)
-    if "parts" in self.report:
-      self.report["read_only_parts"] = [
-          name for name, part in named
-          if not any(id(v) in trained for v in part.weights)]
-
-  def _into_dtypes(self, found: stepflops.StepFlops) -> None:
-    """The step's FLOPs into dtypes.json and its TensorBoard table: each layer's, and
-    the shares by precision over what the step runs."""
-    if not self.report:
-      return
-    stepflops.into_report(self.report, found, self.opts.batch_size)
-    files.write_json(self.run_dir / "dtypes.json", self.report)
-    self.writer.text("inspect/dtypes", dtypes_lib.format_table(self.report, True))
-
-  def _count_flops(self) -> None:
-    """The step's FLOPs from its graph: a tracked loop's own step (Tracker.step gave
-    it), else the train_step fit runs, traced for the first batch fit fed."""
-    self.flops.set_model(self.model)
-    if self.flops.step is None:
-      self.flops.default_args = (self.batch,) if self.batch is not None else None
-    self.flops.on_train_batch_end(0)
-    if self.flops.not_counted:
-      self.not_measured["flops"] = self.flops.not_counted
-
-  def _fed(self, x) -> None:
-    """What the program fed (its inputs' shapes), and its batch checked against the
-    one given to mpt: the figures per example follow the batch fed."""
-    self.program.inputs = observe.describe_inputs(x)
-    leaves = [t for t in keras.tree.flatten(x) if hasattr(t, "shape") and len(t.shape)]
-    real = int(leaves[0].shape[0]) if leaves and leaves[0].shape[0] else None
-    if real and real != self.opts.batch_size:
-      print(f"mpt: {self.opts.api}: batch_size={self.opts.batch_size} given, but the "
-            f"first batch fed has {real} examples: the figures per example use {real}",
-            file=sys.stderr, flush=True)
-      self.program.batch_size_given = self.opts.batch_size
-      self.opts.batch_size = self.writer.batch_size = self.program.batch_size = real
-
-  def _report(self, x):
-    """The dtype report: on the real batch where it fits the model, else on the
-    inputs the model declares; of each model, for several."""
-    shape = self.opts.input_shape
-    if len(self.models) > 1:
-      return dtypes_lib.inspect_parts(self.name, self.models)
-    if x is not None and not shape:
-      try:
-        return dtypes_lib.inspect_model(self.models[0], x=x)
-      except Exception:  # pylint: disable=broad-except
-        pass  # The batch is not the model's input (a GAN's images): its declared one.
-    return dtypes_lib.inspect_model(self.models[0], input_shape=shape)
-
   def on_train_end(self, logs=None):
     self.parts.attempt("flops", self.flops.on_train_end)
-    if self.program.fits:
-      self.program.fits[-1].steps = self.timer.steps - sum(
-          f.steps for f in self.program.fits[:-1])
-    if self.program.fits and self.program.fits[-1].cost is not None:
-      self.parts.attempt("cost", self._checked)
     if self.sampler:
       self.parts.attempt("sampler", self.sampler.stop)
     summary = self._summary()
@@ -268,10 +152,6 @@ class RunFolder(keras.callbacks.Callback):
     fits = len(self.program.fits)
     what = f"fit {fits}" if self.opts.loop == "fit" and fits > 1 else ""
     ending.say_done(summary, self.run_dir, self.run_dir.parent, what)
-
-  def _checked(self) -> None:
-    from mpt.train.script import stepcost
-    stepcost.check(self)
 
   def close_unused(self) -> None:  # The run ended before its first step.
     if self.sampler:
@@ -382,4 +262,6 @@ def make(run_dir: str, opts: Options, *, warmup_steps: int = 5, log_every: int =
                                     marker=keras_fit.step_marker)
     found.append(Guarded(window, "profile", parts))
   found += numerics_lib.for_library(end, lambda: counter.done, warmup_steps, numerics)
-  return found + [Guarded(end, "run", parts)], end
+  return found + [Guarded(inspect.Inspect(end), "inspect", parts),
+                  Guarded(costing.StepCost(end), "cost", parts),
+                  Guarded(end, "run", parts)], end

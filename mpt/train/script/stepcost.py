@@ -145,7 +145,7 @@ def _layers(folder, step: scriptcost.Step, optimizers: list, cost: Cost):
   (layers_lib.SLOWER, the command line's rule), said, with its plan's policy map."""
   own, model = folder.policy_name(), step.models[0]
   ratio = cost.ratios().get(own)
-  if own == "float32" or not ratio or ratio < layers_lib.SLOWER or len(step.models) > 1:
+  if not ratio or ratio < layers_lib.SLOWER or len(step.models) > 1:  # float32's is 1.
     return None
   x = keras.utils.unpack_x_y_sample_weight(folder.latest)[0] \
       if folder.opts.loop == "fit" else folder.batch

@@ -90,7 +90,7 @@ def test_auto_picks_the_fastest_finite_candidate_and_records_it(tiny, monkeypatc
   usable = {p: r["ms_per_step"] for p, r in rows.items()
             if r["ms_per_step"] is not None and r["finite"] and not r["dropped"]}
   assert choice["chosen"] == min(usable, key=usable.get)
-  assert rows["float32"]["vs_float32"] == 1.0 and rows["float32"]["first_ms"] > 0
+  assert rows["float32"]["time_vs_float32"] == 1.0 and rows["float32"]["first_ms"] > 0
   # The run trained under the chosen policy: its flags, and its layers' dtypes.
   flags = open(f"{run}/flags.txt").read()
   assert f"--policy={choice['chosen']}\n" in flags and "--policy=auto" not in flags
@@ -123,7 +123,7 @@ def test_the_fastest_finite_timed_policy_is_chosen_from_the_measurement():
   assert (chosen, plan) == ("float32", "")
   rows = {r.policy: r for r in choice.candidates}
   assert rows["mixed_float16"].predicted_ms == 30.0
-  assert math.isclose(rows["mixed_bfloat16"].vs_float32, 100 / 60)
+  assert math.isclose(rows["mixed_bfloat16"].time_vs_float32, 60 / 100)
   table = autopolicy.format_table(choice)
   assert "non-finite loss" in table and "predicted from the kernel table" in table
   assert choice.seconds == 3.0 and choice.steps_timed == 2

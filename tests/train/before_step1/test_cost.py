@@ -121,7 +121,7 @@ def test_the_run_policy_is_timed_right_after_float32_and_the_budget_is_float32s(
                          "mixed_float16": [500.0, 3000.0]})
   monkeypatch.setattr(cost.steps_lib, "Steps", clock.counting(cost.steps_lib.Steps))
   cfg = tiny_cfg(policy="mixed_float16")
-  found = cost.measure(cfg, build(cfg), list(cost_lib.POLICIES), clock=clock)
+  found = cost.measure(cfg, build(cfg), list(config.POLICY_DTYPE), clock=clock)
   assert cost.BUDGET_S == 5.0 and clock.order[:4] == [
       "float32", "float32", "mixed_float16", "mixed_bfloat16"]
   f16 = found.of("mixed_float16")
@@ -167,7 +167,7 @@ def test_a_policy_the_kernel_table_marks_pathological_is_predicted_not_run(
                          "mixed_float16": [4000.0]})
   monkeypatch.setattr(cost.steps_lib, "Steps", clock.counting(cost.steps_lib.Steps))
   cfg = tiny_cfg(policy=policy)
-  found = cost.measure(cfg, build(cfg), list(cost_lib.POLICIES), clock=clock,
+  found = cost.measure(cfg, build(cfg), list(config.POLICY_DTYPE), clock=clock,
                        table=lambda families: table)
   ratio = fastpath.policy_ratios(table, ["conv", "batchnorm", "matmul"])["mixed_float16"]
   assert ratio >= cost.PATHOLOGICAL  # What the recording says, checked here.
@@ -209,7 +209,7 @@ def test_a_fresh_machine_learns_a_pathological_kernel_from_one_call_not_a_step(
                            "mixed_bfloat16": [30.0, 15.0, 5.0, 5.0],
                            "mixed_float16": [4000.0, 900.0]})
     monkeypatch.setattr(cost.steps_lib, "Steps", clock.counting(steps_class))
-    found = cost.measure(cfg, build(cfg), list(cost_lib.POLICIES), clock=clock)
+    found = cost.measure(cfg, build(cfg), list(config.POLICY_DTYPE), clock=clock)
     assert ("mixed_float16" in clock.calls) == runs
     assert found.of("mixed_float16").predicted == (not runs)
   assert asked == [["batchnorm", "conv", "matmul"]]  # The model's families, once.
@@ -280,7 +280,7 @@ def test_measured_once_then_read_from_the_cache_and_short_runs_skip_it(monkeypat
   assert found is None and "this run's 10 steps" in note and calls == []
   first, _ = cost.for_run(cfg, None, cost.MIN_RUN_STEPS)
   again, _ = cost.for_run(cfg, None, cost.MIN_RUN_STEPS)
-  assert calls == [list(cost_lib.POLICIES)]  # Measured once ...
+  assert calls == [list(config.POLICY_DTYPE)]  # Measured once ...
   assert first.source == "measured" and again.source.startswith("cache: ")
   assert again.predicted() == first.predicted()  # ... the same record read back.
   other, _ = cost.for_run(dataclasses.replace(cfg, batch_size=64), None, 100)
@@ -452,7 +452,7 @@ def test_a_run_with_xla_also_times_its_step_without_it(monkeypatch):
 
   monkeypatch.setattr(cost, "measure", measure)
   monkeypatch.delenv("MPT_COST")
-  monkeypatch.setattr(cost_lib, "POLICIES", ("float32",))
+  monkeypatch.setattr(config, "POLICY_DTYPE", {"float32": "float32"})
   cfg = tiny_cfg(jit_compile=True, image_size=19)  # A key no other test caches.
   # A run long enough that its share of the training lets every call through.
   found, _ = cost.for_run(cfg, build(dataclasses.replace(cfg)), 10_000)

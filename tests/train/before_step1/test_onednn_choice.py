@@ -46,7 +46,7 @@ def test_where_tf_leaves_it_off_both_settings_are_measured_and_the_faster_kept(z
                                                           calls))
   # Off: what the run's choice needs; on (the likely winner): every policy, so that
   # the run finds its whole cost in the cache.
-  assert calls == [(False, ["float32"]), (True, list(cost_lib.POLICIES))]
+  assert calls == [(False, ["float32"]), (True, list(config.POLICY_DTYPE))]
   assert (choice.on, choice.env, choice.tf_default, choice.chosen_by) == (
       True, "1", False, "measured")
   assert choice.measured_ms == {"on": 150.0, "off": 200.0}

@@ -12,6 +12,7 @@ import re
 import pytest
 
 from helpers import SMALL_REPORT as REPORT, TINY_FLAGS, mpt_forked
+from mpt import config
 from mpt.measure import memory
 from mpt.train.before_step1 import preflight
 
@@ -31,7 +32,7 @@ def test_the_run_estimates_follow_this_processs_onednn_rewrite(monkeypatch, rewr
 
 
 def test_preflight_refuses_with_the_largest_batch_per_policy():
-  ests = {p: memory.estimate(REPORT, p, 10**6, 100.0, 900) for p in preflight.POLICIES}
+  ests = {p: memory.estimate(REPORT, p, 10**6, 100.0, 900) for p in config.POLICY_DTYPE}
   with pytest.raises(preflight.WillNotFit) as e:
     preflight.check("float32", ests, force=False, available_mb=500.0, where="free")
   line = str(e.value)
@@ -43,14 +44,14 @@ def test_preflight_refuses_with_the_largest_batch_per_policy():
   # 100 MiB baseline already in use, found by search, not by the formula the
   # message uses (memory.largest_batch).
   fits = {p: _largest(lambda n: memory.estimate(REPORT, p, n, 100.0, 900).total_mb
-                      <= 600.0) for p in preflight.POLICIES}
+                      <= 600.0) for p in config.POLICY_DTYPE}
   for p, n in fits.items():
     assert f"~{n} under {p}" in line
   assert fits["mixed_bfloat16"] > fits["float32"]  # 16-bit activations: more fit.
   assert preflight.check("float32", ests, force=True, available_mb=500.0,
                          where="free").startswith("WARNING: memory: ")
   assert preflight.check("float32", {p: memory.estimate(REPORT, p, 4, 100.0, 900)
-                                     for p in preflight.POLICIES},
+                                     for p in config.POLICY_DTYPE},
                          force=False, available_mb=500.0) is None
 
 
@@ -78,7 +79,7 @@ def test_a_batch_that_cannot_fit_stops_before_training(tmp_path):
   assert "2.0 GiB available (MPT_AVAILABLE_MB stand-in)" in errors[0]
   fits = dict((p, int(n)) for n, p in re.findall(
       r"~(\d+) under (\S+?)(?:,| \(|$)", errors[0].split("largest batch that fits:")[1]))
-  assert set(fits) == set(preflight.POLICIES) and 0 < fits["float32"] < 4096, errors
+  assert set(fits) == set(config.POLICY_DTYPE) and 0 < fits["float32"] < 4096, errors
   assert not [p for p in (tmp_path / "logs").glob("*") if p.is_dir()]  # No folder left.
   # A stand-in that is no number: one line, exit 2, no folder either.
   bad = mpt_forked(*flags, "--epochs=1", f"--data_dir={tmp_path}",
@@ -102,7 +103,7 @@ def test_inspect_reports_the_estimate_per_policy(tmp_path, monkeypatch, rewrite_
   result = dryrun.inspect_only(config.Config(image_size=32, batch_size=64,
                                              logdir=str(tmp_path)))
   mem = json.loads((pathlib.Path(result["run_dir"]) / "memory.json").read_text())
-  assert set(mem["policies"]) == set(preflight.POLICIES) and mem["batch_size"] == 64
+  assert set(mem["policies"]) == set(config.POLICY_DTYPE) and mem["batch_size"] == 64
   f32, bf16 = mem["policies"]["float32"], mem["policies"]["mixed_bfloat16"]
   assert bf16["emulated_16bit"] is (not rewrite_on)
   share = 0.5 if rewrite_on else 1.0  # All but the float32 output.
@@ -118,7 +119,7 @@ def test_replicas_sharing_the_host_and_global_batches():
   """Two logical CPU devices draw on one host's RAM: half the room each, and the
   message speaks of global batches (2 replicas x the per-replica one)."""
   ests = {p: memory.estimate(REPORT, p, 5 * 10**5, 100.0, 900)
-          for p in preflight.POLICIES}
+          for p in config.POLICY_DTYPE}
   one = {p: memory.largest_batch(e, 500.0 + 100.0) for p, e in ests.items()}
   shared = {p: memory.largest_batch(e, 250.0 + 100.0) for p, e in ests.items()}
   with pytest.raises(preflight.WillNotFit) as e:

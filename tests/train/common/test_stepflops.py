@@ -178,7 +178,8 @@ def test_the_command_lines_run_records_the_graphs_count(tiny):
   from mpt.measure import dtypes as dtypes_lib
   from mpt.train.cli import dryrun
   from mpt.train.common.model import build_model
-  cfg = tiny(epochs=1, synthetic_train=16, loop="custom")
+  from mpt.train.common.plan import Plan
+  cfg = Plan.of(tiny(epochs=1, synthetic_train=16, loop="custom"))
   model = build_model(cfg, 10)
   report = dtypes_lib.inspect_model(model)
   step = dryrun._step_flops(cfg, model, report)

@@ -1,0 +1,121 @@
+"""A script's first step inspected: the dtype report of the model it trained (on the
+batch it fed where that fits the model), the parameters its optimizers step and the
+parts it only reads, and the step's FLOPs counted from its graph, into dtypes.json
+and its TensorBoard table. One Keras callback over the run's state (library.py's
+RunFolder); best effort like every part of a script's run.
+"""
+
+import sys
+
+import keras
+import numpy as np
+
+from mpt import files
+from mpt.measure import dtypes as dtypes_lib
+from mpt.measure import observe
+from mpt.train.common import countstep
+from mpt.train.common import keras_fit
+from mpt.train.common import stepflops
+from mpt.train.script import watch
+
+
+class Inspect(keras.callbacks.Callback):
+  """At the first step's start, the step's FLOPs watched (fit's trace); at its end,
+  the inspection and the count."""
+
+  def __init__(self, run):
+    super().__init__()
+    self.run, self.done = run, False
+    # The step's FLOPs, counted after step 1, taken into dtypes.json.
+    run.flops = countstep.CountStep(run.writer.sources, counted=self._into_dtypes)
+
+  def on_train_batch_begin(self, batch, logs=None):
+    if not self.done and self.run.opts.loop == "fit":  # Before fit traces its step.
+      self.run.flops.set_model(self.model)
+      self.run.flops.on_train_batch_begin(0)
+
+  def on_train_batch_end(self, batch, logs=None):
+    if not self.done:  # After the first step: the model is built, a batch seen.
+      self.done = True
+      self.run.parts.attempt("inspect", self._inspect)
+      self.run.parts.attempt("flops", self._count_flops)
+
+  def _inspect(self) -> None:
+    fed = None
+    if self.run.batch is not None:  # fit's batch is (x, y, weights); a loop's is its own.
+      fed = self.run.batch
+      if self.run.opts.loop == "fit":
+        fed = keras.utils.unpack_x_y_sample_weight(self.run.batch)[0]
+      self._fed(fed)
+    self.run.report = self._report(fed if len(self.run.models) == 1 else None)
+    self.run.parts.attempt("trained", self._trained)
+    files.write_json(self.run.run_dir / "dtypes.json", self.run.report)
+    print(dtypes_lib.one_line(self.run.report), flush=True)
+    self.run.writer.text("inspect/dtypes", dtypes_lib.format_table(self.run.report, True))
+
+  def _trained(self) -> None:
+    """Which parameters the step trains (those its optimizers step, known once they
+    were built by step 1): `trained_params`, and the parts it only reads (an EMA copy,
+    a frozen teacher) as `read_only_parts`."""
+    trained = {id(v) for o in watch.find(self.run.models, self.run.opts.optimizer)
+               for v in keras_fit.trained_variables(o)}
+    if not trained:
+      self.run.not_measured["trained"] = "no built optimizer found: which weights train is unknown"
+      return
+    if len(self.run.models) == 1 and not observe.has_call(self.run.models[0]):
+      found = observe.parts(self.run.models[0])
+      named = zip(observe.part_names(self.run.models[0], found), found)
+    else:
+      named = zip(observe.part_names(None, self.run.models), self.run.models)
+    weights = {id(v): v for m in self.run.models for v in m.weights}
+    self.run.report["trained_params"] = sum(
+        int(np.prod(v.shape)) for i, v in weights.items() if i in trained)
+    if "parts" in self.run.report:
+      self.run.report["read_only_parts"] = [
+          name for name, part in named
+          if not any(id(v) in trained for v in part.weights)]
+
+  def _into_dtypes(self, found: stepflops.StepFlops) -> None:
+    """The step's FLOPs into dtypes.json and its TensorBoard table: each layer's, and
+    the shares by precision over what the step runs."""
+    if not self.run.report:
+      return
+    stepflops.into_report(self.run.report, found, self.run.opts.batch_size)
+    files.write_json(self.run.run_dir / "dtypes.json", self.run.report)
+    self.run.writer.text("inspect/dtypes", dtypes_lib.format_table(self.run.report, True))
+
+  def _count_flops(self) -> None:
+    """The step's FLOPs from its graph: a tracked loop's own step (Tracker.step gave
+    it), else the train_step fit runs, traced for the first batch fit fed."""
+    self.run.flops.set_model(self.model)
+    if self.run.flops.step is None:
+      self.run.flops.default_args = (self.run.batch,) if self.run.batch is not None else None
+    self.run.flops.on_train_batch_end(0)
+    if self.run.flops.not_counted:
+      self.run.not_measured["flops"] = self.run.flops.not_counted
+
+  def _fed(self, x) -> None:
+    """What the program fed (its inputs' shapes), and its batch checked against the
+    one given to mpt: the figures per example follow the batch fed."""
+    self.run.program.inputs = observe.describe_inputs(x)
+    leaves = [t for t in keras.tree.flatten(x) if hasattr(t, "shape") and len(t.shape)]
+    real = int(leaves[0].shape[0]) if leaves and leaves[0].shape[0] else None
+    if real and real != self.run.opts.batch_size:
+      print(f"mpt: {self.run.opts.api}: batch_size={self.run.opts.batch_size} given, but the "
+            f"first batch fed has {real} examples: the figures per example use {real}",
+            file=sys.stderr, flush=True)
+      self.run.program.batch_size_given = self.run.opts.batch_size
+      self.run.opts.batch_size = self.run.writer.batch_size = self.run.program.batch_size = real
+
+  def _report(self, x):
+    """The dtype report: on the real batch where it fits the model, else on the
+    inputs the model declares; of each model, for several."""
+    shape = self.run.opts.input_shape
+    if len(self.run.models) > 1:
+      return dtypes_lib.inspect_parts(self.run.name, self.run.models)
+    if x is not None and not shape:
+      try:
+        return dtypes_lib.inspect_model(self.run.models[0], x=x)
+      except Exception:  # pylint: disable=broad-except
+        pass  # The batch is not the model's input (a GAN's images): its declared one.
+    return dtypes_lib.inspect_model(self.run.models[0], input_shape=shape)
