@@ -16,23 +16,20 @@ import re
 import subprocess
 import sys
 import time
-
-
-def is_tty() -> bool:
-  return sys.stdout.isatty()
+import types
 
 
 def keras_verbose(verbose: int) -> int:
   """--verbose for Keras' own progress: off when the output is not a terminal and the
   default bar (1) was asked for; `epoch_lines` prints a line per epoch instead."""
-  return 0 if verbose == 1 and not is_tty() else verbose
+  return 0 if verbose == 1 and not sys.stdout.isatty() else verbose
 
 
 def epoch_lines(verbose: int, epochs: int, median_ms):
   """A callback printing one line per epoch when the output is not a terminal (and
   --verbose is the default 1), or None. `median_ms(n)`: the median time of the last
   n steps."""
-  if verbose != 1 or is_tty():
+  if verbose != 1 or sys.stdout.isatty():
     return None
   import keras
 
@@ -133,19 +130,18 @@ def without_pyplot():
 
 
 def import_tensorflow(say_no_gpu: bool = True, parent_filters: bool = False) -> None:
-  """Imports TensorFlow and lets it look for GPUs, its start-up INFO lines (oneDNN,
-  CUDA stubs, CPU features) dropped and the no-driver cuInit line said once as NO_GPU.
-  `parent_filters`: a supervised training child, whose stderr its parent already
-  reads through the same filter and which says NO_GPU itself (mpt/supervisor.py):
-  TensorFlow is imported directly, with no filter process of its own.
-
-  TF 2.21 prints them while importing, before TF_CPP_MIN_LOG_LEVEL applies, so the
-  level alone cannot hide them. The lines go through a filter *process* as they are
-  written: everything else is passed on at once, and what TF writes just before an
-  abort (its CPU-feature guard: "compiled to use X instructions, but these aren't
-  available") still reaches the terminal after this process is gone. With
-  TF_CPP_MIN_LOG_LEVEL=0 (the user asked for INFO) nothing is dropped.
-  """
+  """Imports TensorFlow and lets it look for GPUs, its start-up INFO lines (oneDNN, CUDA
+  stubs, CPU features) dropped and the no-driver cuInit line said once as NO_GPU.
+  `parent_filters`: a supervised training child, whose stderr its parent already reads
+  through the same filter and which says NO_GPU itself (mpt/supervisor.py): TensorFlow
+  is imported directly, with no filter process of its own. TF 2.21 prints those lines
+  while importing, before TF_CPP_MIN_LOG_LEVEL applies, so the level alone cannot hide
+  them.
+  The lines go through a filter *process* as they are written: everything else is passed
+  on at once, and what TF writes just before an abort (its CPU-feature guard: "compiled
+  to use X instructions, but these aren't available") still reaches the terminal after
+  this process is gone. With TF_CPP_MIN_LOG_LEVEL=0 (the user asked for INFO) nothing is
+  dropped."""
   if ("tensorflow" in sys.modules or os.environ.get("TF_CPP_MIN_LOG_LEVEL") == "0"
       or parent_filters):
     with without_pyplot():
@@ -184,40 +180,25 @@ def quiet_absl(verbosity_given: bool) -> None:
   std_logging.getLogger("tensorflow").setLevel(std_logging.WARNING)
 
 
-class Phase:
-  """Progress of one phase; `update(done)` as work completes. Off a terminal, one
-  line: the label when the phase starts, `done in N s` appended when it ends."""
-
-  def __init__(self, label: str, total: int | None, unit: str):
-    self.label, self.total, self.unit = label, total, unit
-    self.start = time.perf_counter()
-    self.bar = None
-    if is_tty() and total:
-      import keras  # Only on a terminal, where the bar is drawn.
-      print(f"mpt: {label}", flush=True)
-      self.bar = keras.utils.Progbar(total, unit_name=unit)
-    else:
-      print(f"mpt: {label} ...", end="", flush=True)
-
-  def update(self, done: int) -> None:
-    if self.bar:
-      self.bar.update(min(done, self.total))
-
-  def end(self, note: str = "") -> None:
-    took = time.perf_counter() - self.start
-    if self.bar:
-      self.bar.update(self.total, finalize=True)
-      print(f"mpt: {self.label}: done in {took:.1f} s{note}", flush=True)
-    else:
-      print(f" done in {took:.1f} s{note}", flush=True)
-
-
 @contextlib.contextmanager
 def phase(label: str, total: int | None = None, unit: str = "step"):
-  """`with phase("filling the cache", 1300, "image") as p: ... p.update(n)`."""
-  p = Phase(label, total, unit)
-  yield p
-  p.end()
+  """Progress of one phase: `with phase("filling the cache", 1300, "image") as p: ...
+  p.update(n)` as work completes. Off a terminal, one line: the label when the phase
+  starts, `done in N s` appended when it ends."""
+  start, bar = time.perf_counter(), None
+  if sys.stdout.isatty() and total:
+    import keras  # Only on a terminal, where the bar is drawn.
+    print(f"mpt: {label}", flush=True)
+    bar = keras.utils.Progbar(total, unit_name=unit)
+  else:
+    print(f"mpt: {label} ...", end="", flush=True)
+  yield types.SimpleNamespace(update=lambda done: bar and bar.update(min(done, total)))
+  took = time.perf_counter() - start
+  if bar:
+    bar.update(total, finalize=True)
+    print(f"mpt: {label}: done in {took:.1f} s", flush=True)
+  else:
+    print(f" done in {took:.1f} s", flush=True)
 
 
 def eta(done: int, total: int, elapsed: float) -> str:

@@ -10,10 +10,8 @@ wings' own), plus `--mode`. The wings are imported only when their mode runs, so
 `--help` and flag errors answer without importing TensorFlow. After `train` and
 `sweep`, the diagnosis runs on the folder they wrote. Bad input (absl's flag errors
 too) ends in one `mpt: error: ...` line and exit status 2; every other ending has its
-status in mpt/errors.py's one table (`exit_status`): a stop signal 128 + its number with
-the run's summary.json written (status `interrupted`), diverged 3, out of memory 4, a
-crash 5 (a death by signal is named by the watching parent, mpt/supervisor.py), a sweep
-with cells not completed 6.
+status in mpt/errors.py's one table (`EXIT`, `exit_status`; a death by signal is named
+by the watching parent, mpt/supervisor.py).
 """
 
 import gc
@@ -85,8 +83,6 @@ def _compare(cfg, opts):
 # the diagnosis as their after-run step (a wing never imports another wing).
 MODES = {"train": _train, "inspect": _inspect, "microbench": _microbench,
          "sweep": _sweep, "diagnose": _diagnose, "compare": _compare}
-OPTIONS = (config.Config, SweepOptions, MicrobenchOptions, DiagnoseOptions,
-           CompareOptions)
 # With --resume a run continues with the flags it was started with; only these may be
 # given along with it.
 RESUME_FLAGS = {"resume", "verbose", "flagfile"}
@@ -97,6 +93,7 @@ RESUME_FLAGS = {"resume", "verbose", "flagfile"}
 GROUPS = {config.Config: "a training run (--mode=train, --mode=inspect, each sweep cell)",
           SweepOptions: "--mode=sweep", MicrobenchOptions: "--mode=microbench",
           DiagnoseOptions: "--mode=diagnose", CompareOptions: "--mode=compare"}
+OPTIONS = tuple(GROUPS)  # Every options class, Config first.
 MODE_GROUP = "mpt (python -m mpt --mode=MODE --flag=value ...)"
 USAGE = """mpt: does mixed precision make my model train faster here, and if not, why not?
 
@@ -121,34 +118,21 @@ def _define_flags() -> None:
       "and FLOPs without training, `microbench` the CPU and TensorFlow, `sweep` batch "
       "sizes x policies x loops, `diagnose` an existing run or sweep folder (--run), or "
       "`compare` finished runs in one table (--runs).")
-  for options in OPTIONS:
+  for options, group in GROUPS.items():
     for f in config.fields(options):
-      _define(f, GROUPS[options])
-
-
-def _define(f, group: str) -> None:
-  """The absl flag of options field `f`, with its default, help and bounds."""
-  meta, default = f.metadata, f.default
-  if meta["choices"]:
-    flags.DEFINE_enum(f.name, default, list(meta["choices"]), meta["help"],
-                      module_name=group)
-  elif f.type is bool or isinstance(default, bool):
-    flags.DEFINE_bool(f.name, default, meta["help"], module_name=group)
-  elif isinstance(default, int):
-    flags.DEFINE_integer(f.name, default, meta["help"],
-                         lower_bound=meta["lower_bound"], module_name=group)
-  elif isinstance(default, float):
-    flags.DEFINE_float(f.name, default, meta["help"], module_name=group)
-  else:
-    flags.DEFINE_string(f.name, default, meta["help"], module_name=group)
-
-
-def short_help() -> str:
-  """--help: the usage lines, then the flags grouped by mode (absl's own --helpshort
-  lists a main module's flags in one block)."""
-  groups = [FLAGS.module_help(g).strip("\n") for g in [MODE_GROUP, *GROUPS.values()]]
-  return (f"{USAGE}\n\n" + "\n\n".join(groups) +
-          "\n\nabsl's own flags (--flagfile, -v, ...): --helpfull")
+      meta, default = f.metadata, f.default
+      if meta["choices"]:
+        flags.DEFINE_enum(f.name, default, list(meta["choices"]), meta["help"],
+                          module_name=group)
+      elif f.type is bool or isinstance(default, bool):
+        flags.DEFINE_bool(f.name, default, meta["help"], module_name=group)
+      elif isinstance(default, int):
+        flags.DEFINE_integer(f.name, default, meta["help"],
+                             lower_bound=meta["lower_bound"], module_name=group)
+      elif isinstance(default, float):
+        flags.DEFINE_float(f.name, default, meta["help"], module_name=group)
+      else:
+        flags.DEFINE_string(f.name, default, meta["help"], module_name=group)
 
 
 _define_flags()
@@ -212,9 +196,13 @@ def exit_status(result: dict) -> int:
 
 
 def run() -> None:
-  """Console-script and `python -m mpt` entry point."""
+  """Console-script and `python -m mpt` entry point. --help: the usage lines, then the
+  flags grouped by mode (absl's own --helpshort lists a main module's flags in one
+  block)."""
   if any(a in HELP_FLAGS for a in sys.argv[1:]):
-    print(short_help())
+    groups = [FLAGS.module_help(g).strip("\n") for g in [MODE_GROUP, *GROUPS.values()]]
+    print(f"{USAGE}\n\n" + "\n\n".join(groups) +
+          "\n\nabsl's own flags (--flagfile, -v, ...): --helpfull")
     sys.exit(0)
   app.run(lambda argv: main(argv, supervise=True), flags_parser=_parse_flags)
 

@@ -207,19 +207,14 @@ class Death:
   counted: bool | None
   last: list[str]
 
-  def _said(self) -> tuple[str | None, str | None]:
-    """(memory line, CPU-feature line) among the last lines, or None each."""
-    memory = next((l for l in reversed(self.last)
-                   if any(w in l.lower() for w in MEMORY_WORDS)), None)
-    isa = next((m.group(1) for m in map(ISA_GUARD.search, self.last) if m), None)
-    return memory, isa
-
   def named(self, run_dir: pathlib.Path | None, summary) -> tuple[str, str]:
     """(status, why): named by what is known, never by the signal alone."""
     phase = ("before its run folder existed (starting up)" if run_dir is None else
              "after the run had ended and recorded itself" if summary is not None and
              summary.status in RECORDED else "while training")
-    memory, isa = self._said()
+    # What the last lines say: a memory error, TF's CPU-feature guard.
+    memory = any(w in l.lower() for l in self.last for w in MEMORY_WORDS)
+    isa = next((m.group(1) for m in map(ISA_GUARD.search, self.last) if m), None)
     died = f"the training process died of {self.sig.name} {phase}"
     if self.sig == signal.SIGKILL and self.counted is False:  # Sent from outside mpt.
       return "interrupted", ("the training process was killed (SIGKILL) from outside "
@@ -238,7 +233,6 @@ class Death:
     counts = ("no OOM kill counted" if self.counted is False
               else "no OOM-kill counter readable")
     return "failed", f"{died} ({counts}: not memory, as far as mpt can tell)"
-
 
 
 def _died(death: "Death", run_dir: pathlib.Path | None) -> int:

@@ -47,10 +47,6 @@ class Entry:
   mtime: float = 0.0
 
   @property
-  def config(self) -> tuple:
-    return tuple(getattr(self.summary, k) for k in summary_lib.SAME_CONFIG)
-
-  @property
   def ms(self) -> float | None:
     s = self.summary
     return s.ms_per_step if s.status == "completed" else None
@@ -76,6 +72,10 @@ class Line:
   def speedup(self) -> float | None:
     mine, base = self.entry.summary.ms_per_step, self.baseline and self.baseline.ms
     return base / mine if mine and base else None
+
+
+def _config(s: RunSummary) -> tuple:
+  return tuple(getattr(s, k) for k in summary_lib.SAME_CONFIG)
 
 
 def baseline(entry: Entry, entries: list[Entry]) -> Entry | None:
@@ -111,11 +111,12 @@ def lines(entries: list[Entry]) -> list[Line]:
   """The table's rows: grouped by configuration (in order of first appearance), then
   by loop, float32 first."""
   machines = list(dict.fromkeys(e.machine for e in entries))
-  groups = list(dict.fromkeys(e.config for e in entries))
+  groups = list(dict.fromkeys(_config(e.summary) for e in entries))
   rank = lambda p: config.POLICIES.index(p) if p in config.POLICIES else len(
       config.POLICIES)
   ordered = sorted(entries, key=lambda e: (machines.index(e.machine),
-                                           groups.index(e.config), e.summary.loop or "",
+                                           groups.index(_config(e.summary)),
+                                           e.summary.loop or "",
                                            rank(e.summary.policy), e.label))
   differs = differences(entries)
   return [Line(e, baseline(e, entries), differs[e.label]) for e in ordered]
@@ -165,8 +166,7 @@ def accuracy(rows: list[Line]) -> list[str]:
   """Accuracy beside speed: per configuration and policy, the final metrics over the
   compared seeds, and whether each 16-bit run stayed within float32's spread
   (mpt/records/spread.py); [] where no configuration ran float32 with 2+ seeds."""
-  key = lambda s: tuple(getattr(s, k) for k in summary_lib.SAME_CONFIG) + (
-      s.loop, s.epochs, s.steps)
+  key = lambda s: _config(s) + (s.loop, s.epochs, s.steps)
   found = spread.across_seeds([l.entry.summary for l in rows
                                if l.entry.summary.status == "completed"], key)
   if not any(r.within is not None for r in found):

@@ -3,13 +3,11 @@
   python -m mpt.main --mode=compare --runs=logs/A,logs/B
   python -m mpt.main --mode=compare --runs='logs/*' --out=reports/today
 
-Prints the table (model, policy, loop, ms/step with p10-p90, images/s, val accuracy,
-speed-up vs the float32 run of the same configuration, achieved vs ceiling GFLOP/s;
-mpt/compare/report.py) and writes it as `compare.md`, with `compare.png` (a bar chart
-of ms/step; matplotlib, optional) next to it, into --out: by default the folder
-holding the runs (their common parent, `logs/` for `logs/*`), where the table's run
-names are relative to. A folder named in --runs must be a run folder (it has a
-summary.json); what a glob matches that is not one (a sweep folder, runs.csv, an
+Prints the table (mpt/compare/report.py) and writes it as `compare.md`, with
+`compare.png` (a bar chart of ms/step; matplotlib, optional) next to it, into --out: by
+default the folder holding the runs (their common parent, `logs/` for `logs/*`), where
+the table's run names are relative to. A folder named in --runs must be a run folder (it
+has a summary.json); what a glob matches that is not one (a sweep folder, runs.csv, an
 earlier compare.md) is skipped, the folders among it named in one line.
 """
 
@@ -55,10 +53,7 @@ def find_runs(spec: str) -> tuple[list[pathlib.Path], list[pathlib.Path]]:
       if not (path / SUMMARY).is_file():
         raise UserError(_not_a_run(path))
       found.append(path)
-  seen: dict[pathlib.Path, pathlib.Path] = {}
-  for path in found:
-    seen.setdefault(path.resolve(), path)
-  unique = list(seen.values())
+  unique = list({path.resolve(): path for path in found}.values())  # Each run once.
   if not unique:
     raise UserError(f"--runs={spec!r} matched no run folder (none of the "
                     f"{len(skipped)} folders it matched has a {SUMMARY})")
@@ -75,12 +70,9 @@ def common_parent(runs: list[pathlib.Path]) -> pathlib.Path:
 def entries(runs: list[pathlib.Path], parent: pathlib.Path) -> list[report.Entry]:
   """Each run's record (read through mpt/records/summary.py), labelled by its folder
   relative to `parent`."""
-  out = []
-  for path in runs:
-    file = path / SUMMARY
-    label = os.path.relpath(path.resolve(), parent)
-    out.append(report.Entry(label, summary_lib.read(file), file.stat().st_mtime))
-  return out
+  return [report.Entry(os.path.relpath(path.resolve(), parent),
+                       summary_lib.read(path / SUMMARY), (path / SUMMARY).stat().st_mtime)
+          for path in runs]
 
 
 def run(opts: CompareOptions) -> dict[str, Any]:
@@ -97,16 +89,14 @@ def run(opts: CompareOptions) -> dict[str, Any]:
     raise UserError(f"cannot create --out={str(out)!r}: {e.strerror or e}") from None
   rows = report.lines(entries(runs, parent))
   print(report.text(rows), end="", flush=True)
-  same = out.resolve() == parent
-  note = "" if same else f"Run folders are relative to `{parent}`."
+  note = "" if out.resolve() == parent else f"Run folders are relative to `{parent}`."
   md = out / "compare.md"
   try:
     md.write_text(report.markdown(rows, note))
   except OSError as e:
     raise UserError(f"cannot write {md}: {e.strerror or e}") from None
   written = [md]
-  skipped_chart = report.plot(rows, out / "compare.png")
-  if skipped_chart:
+  if skipped_chart := report.plot(rows, out / "compare.png"):
     print(f"mpt: {skipped_chart}")
   else:
     written.append(out / "compare.png")

@@ -2,9 +2,7 @@
 
 After every training run and every sweep (mpt/main.py passes `after_run` to both),
 and on demand (`python -m mpt.main --mode=diagnose --run=logs/<run>`), mpt reads the
-run folder (mpt/diagnose/evidence.py: summary.json with its measured policy verdict,
-flags.txt, dtypes.json, the profiler trace's op statistics, and a float32 run of the
-same configuration found next to it), runs the detectors of mpt/diagnose/detectors/,
+run folder (mpt/diagnose/evidence.py), runs the detectors of mpt/diagnose/detectors/,
 and prints the run's measured figures and a ranked list of findings, each with its
 threshold, its evidence, a next step and what it is based on (probe, trace, sibling
 runs, flags, ...). It writes `diagnosis.json` and `diagnosis.md` into the folder
@@ -19,21 +17,14 @@ import dataclasses
 import pathlib
 from typing import Any
 
-from mpt.diagnose import detectors
-from mpt.diagnose import evidence
-from mpt.diagnose import profile
-from mpt.diagnose import report
 from mpt import speech
+from mpt.diagnose import detectors, evidence, profile, report
 from mpt.diagnose import sweep as diagnose_sweep
 from mpt.diagnose.options import DiagnoseOptions
 from mpt.diagnose.findings import rank
 from mpt.errors import UserError
 from mpt.records import numerics as numerics_lib
 from mpt.records import typed
-
-
-def _record(record) -> dict[str, Any] | None:
-  return typed.to_dict(record) if record is not None else None
 
 
 def _figures(ev: evidence.Evidence) -> dict[str, Any]:
@@ -66,7 +57,8 @@ def _figures(ev: evidence.Evidence) -> dict[str, Any]:
       "skipped_steps": s.skipped_steps, "loss_scale": s.loss_scale,
       # diagnosis.json's name for the policy verdict (summary.json's `kernels` before
       # schema 3): a reader of diagnosis.json sees no change.
-      "kernels": _record(s.policy_verdict), "policy_choice": _record(s.policy_choice),
+      "kernels": s.policy_verdict and typed.to_dict(s.policy_verdict),
+      "policy_choice": s.policy_choice and typed.to_dict(s.policy_choice),
   }
 
 

@@ -1,17 +1,17 @@
 """A run folder's evidence for the diagnosis: the files it needs, what it read from
 them, and the runs next to it that it is compared with.
 
-`load(run_dir)` reads summary.json as a `RunSummary` (mpt/records/summary.py: any
-schema version, typed all the way down) and flags.txt as a `Config` (both required: a
-UserError names the one that is missing), dtypes.json and the profiler's op
-statistics (optional: a note says which checks that skips), and looks next to the run
-for the float32 run of the same configuration (mpt/records/summary.py `baseline_of`:
-the one rule `--mode=compare` uses too), the same run with the other --batchnorm, and
-the newest run of each other policy; a GPU run's capture (mpt/diagnose/
-gpu_evidence.py) where it has one. `Evidence` carries the figures the detectors derive
-from all of that. `check_folder` tells a run, a sweep and a profile folder apart (any
-folder with a capture: mpt/diagnose/profile.py). Plain data: TensorFlow is imported only through the model
-registry, for the names of the variants.
+`load(run_dir)` reads summary.json as a `RunSummary` (mpt/records/summary.py: any schema
+version, typed all the way down) and flags.txt as a `Config` (both required: a UserError
+names the one that is missing), dtypes.json and the profiler's op statistics (optional:
+a note says which checks that skips), and looks next to the run for the float32 run of
+the same configuration (mpt/records/summary.py `baseline_of`: the one rule
+`--mode=compare` uses too), the same run with the other --batchnorm, and the newest run
+of each other policy; a GPU run's capture (mpt/diagnose/gpu_evidence.py) where it has
+one. `Evidence` carries the figures the detectors derive from all of that.
+`check_folder` tells a run, a sweep and a profile folder apart (any folder with a
+capture: mpt/diagnose/profile.py). Plain data: TensorFlow is imported only through the
+model registry, for the names of the variants.
 """
 
 import dataclasses
@@ -20,8 +20,7 @@ import pathlib
 import shlex
 from typing import Any
 
-from mpt import config
-from mpt import speech
+from mpt import config, speech
 from mpt.diagnose import opstats
 from mpt.diagnose.gpu_evidence import GpuEvidence
 from mpt.errors import UserError
@@ -230,8 +229,8 @@ def _notes(s: RunSummary, op_stats, notes: list[str]) -> None:
   if found.note:
     notes.append(f"kernel table: {found.note}")
   if found.evidence in ("cost", "probe") and found.contradicts:
-    what = "kernel probe" if found.evidence == "probe" else "step's timing"
-    short = "probe" if found.evidence == "probe" else "timing"
+    what, short = (("kernel probe", "probe") if found.evidence == "probe" else
+                   ("step's timing", "timing"))
     notes.append(f"the {what} and the CPU flags disagree: "
                  f"{found.contradicts}; the diagnosis follows the {short}")
 

@@ -63,11 +63,9 @@ def rank(findings: list[Finding]) -> list[Finding]:
       bool(f.based_on) and set(f.based_on) <= PREDICTED, -f.impact))
 
 
-def loss_severity(loss: float | None, unmeasured: str = "high") -> str:
-  """Severity follows the measured loss against float32."""
-  if loss is None:
-    return unmeasured
-  if loss >= HIGH_LOSS:
+def loss_severity(loss: float | None) -> str:
+  """Severity follows the measured loss against float32 (high when unmeasured)."""
+  if loss is None or loss >= HIGH_LOSS:
     return "high"
   return "medium" if loss > SLOWER_THAN_FLOAT32 else "low"
 
@@ -84,10 +82,12 @@ def rests_on(k: PolicyVerdict) -> str:
   return RESTS_ON["cost" if k.basis == "step cost" else "probe"]
 
 
-def ratios_line(k: PolicyVerdict) -> str:
-  """Each policy's measured time over float32's, fastest first, and what it rests on."""
-  ratios = sorted(k.policy_ratios.items(), key=lambda i: i[1])
-  return (f"{rests_on(k)} ({k.source or 'probe'}): "
+def ratios_line(evidence: str, source: str | None, ratios: dict[str, float]) -> str:
+  """Each policy's measured time over float32's, fastest first, and what it rests on:
+  a measured verdict's `evidence`, `source` and `policy_ratios` (or the same keys of
+  diagnosis.json's `kernels`)."""
+  ratios = sorted(ratios.items(), key=lambda i: i[1])
+  return (f"{RESTS_ON[evidence]} ({source or 'probe'}): "
           + ", ".join(f"{p} {times(r)}" for p, r in ratios) + " float32's time")
 
 

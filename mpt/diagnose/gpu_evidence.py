@@ -39,10 +39,6 @@ class Bound:
   step_bound: float | None  # The same for the step; None without a busy share.
   formula: str  # The sum with the capture's numbers.
 
-  @property
-  def eligible_share(self) -> float:
-    return self.shares["tensor_core"] + self.shares["eligible_not_tc"]
-
 
 @dataclasses.dataclass
 class GpuEvidence:
@@ -87,8 +83,7 @@ class GpuEvidence:
     return bound(self.profile, self.ceiling, self.profile.device_busy_share)
 
 
-def bound(profile: GpuProfile, ceiling: gpu_specs.Ceiling,
-          busy: float | None) -> Bound:
+def bound(profile: GpuProfile, ceiling: gpu_specs.Ceiling, busy: float | None) -> Bound:
   """Amdahl's bound on mixed_float16's speed-up over this float32 capture."""
   split, total = profile.split, profile.split.total
   # A float32 step's casts are conversions cuDNN makes for its float32 kernels (layout,

@@ -84,8 +84,7 @@ def condense(rows: list[dict[str, Any]], dtypes: dict[str, Any] | None,
     kind = canonical_type(r["type"])
     by_type[kind] += r["total_self_time"]
     kernels[kind].add(r["type"])
-    layer = _layer_of(r["operation"], layers)
-    if layer:
+    if layer := _layer_of(r["operation"], layers):
       by_layer[layer] += r["total_self_time"]
   cast = by_type.get("Cast", 0.0)
   return {

@@ -34,29 +34,22 @@ def diagnose(path: pathlib.Path) -> dict[str, Any]:
   if not traces:
     raise UserError(f"--run={path}: no profiler capture (*.xplane.pb) under it")
   trace, notes = traces[0], [MISSING]
+  name = str(trace.relative_to(path))  # Found under it.
   if len(traces) > 1:
-    notes.append(f"{len(traces)} captures under it: read the newest, "
-                 f"{_relative(trace, path)}")
+    notes.append(f"{len(traces)} captures under it: read the newest, {name}")
   profile = gpu_profile.read(trace)
   if profile.device is None:
-    figures, found, clear = _cpu(trace, _relative(trace, path), notes)
+    figures, found, clear = _cpu(trace, name, notes)
   else:
     g = GpuEvidence(profile)
-    results = {name: rule(g) for name, rule in gpu_rules.RULES.items()}
+    results = {rule: check(g) for rule, check in gpu_rules.RULES.items()}
     found = [f for f in results.values() if f]
-    clear = [name for name, f in results.items() if not f]
-    figures = gpu_figures(g, _relative(trace, path))
+    clear = [rule for rule, f in results.items() if not f]
+    figures = gpu_figures(g, name)
     notes += profile.notes + _autotune(g)
   return {"kind": "profile", "run_dir": str(path), "figures": figures,
           "findings": [dataclasses.asdict(f) for f in rank(found)],
           "checked_clear": clear, "notes": notes}
-
-
-def _relative(trace: pathlib.Path, folder: pathlib.Path) -> str:
-  try:
-    return str(trace.relative_to(folder))
-  except ValueError:
-    return str(trace)
 
 
 def _autotune(g: GpuEvidence) -> list[str]:
@@ -71,7 +64,6 @@ def _autotune(g: GpuEvidence) -> list[str]:
 
 def gpu_figures(g: GpuEvidence, trace: str) -> dict[str, Any]:
   p, c, d, b = g.profile, g.ceiling, g.profile.device, g.bound
-  s = p.split
   return {
       "capture": "GPU", "trace": trace, "gpu": c.gpu, "device": d.name,
       "compute_capability": ".".join(map(str, d.compute_capability or [])) or None,
@@ -80,9 +72,8 @@ def gpu_figures(g: GpuEvidence, trace: str) -> dict[str, Any]:
       "rates": c.source, "step_ms": p.step_ms, "device_busy_share": p.device_busy_share,
       "input_share": p.input_share, "host_gap_share": p.host_gap_share,
       "kernel_ms": g.kernel_ms, "memcpy_ms": p.memcpy_ms,
-      "split": {"tensor_core": g.share(s.tensor_core),
-                "eligible_not_tc": g.share(s.eligible_not_tc),
-                "memory_bound": g.share(s.memory_bound), "other": g.share(s.other)},
+      "split": {k: g.share(getattr(p.split, k)) for k in
+                ("tensor_core", "eligible_not_tc", "memory_bound", "other")},
       "families": {f: g.share(ms) for f, ms in
                    sorted(p.by_family.items(), key=lambda i: -i[1])},
       "layers_ms": dict(sorted(p.by_layer.items(), key=lambda i: -i[1])[:8]),
@@ -90,8 +81,7 @@ def gpu_figures(g: GpuEvidence, trace: str) -> dict[str, Any]:
       "precision": "16-bit" if g.sixteen_bit else "float32",
       "eligible_from": p.eligible_from,
       "bound": {"kernel": b.kernel_bound, "step": b.step_bound, "ratio": b.ratio,
-                "formula": b.formula,
-                "tensor_cores": bool(c.tensor_cores)} if b else None,
+                "formula": b.formula, "tensor_cores": bool(c.tensor_cores)} if b else None,
   }
 
 
@@ -142,9 +132,8 @@ def across(diagnoses: list[tuple[pathlib.Path, dict[str, Any]]]) -> dict[str, An
 def _row(path: pathlib.Path, d: dict[str, Any]) -> dict[str, Any]:
   f = d["figures"]
   row = {"folder": str(path), "gpu": None, "tensor_cores": None, "eligible_share": None,
-         "precision": None, "kernel_bound": None, "step_bound": None,
-         "step_ms": None, "busy": None,
-         "top": d["findings"][0]["title"] if d["findings"] else "no findings"}
+         "precision": None, "kernel_bound": None, "step_bound": None, "step_ms": None,
+         "busy": None, "top": d["findings"][0]["title"] if d["findings"] else "no findings"}
   if d["kind"] == "run":
     row.update(step_ms=f["ms_per_step"], precision=f["run"].split(", ")[1])
     if not d.get("gpu"):  # A CPU run, or a GPU run without a capture.

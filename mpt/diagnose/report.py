@@ -51,8 +51,7 @@ def format_figures(f: dict[str, Any]) -> list[str]:
     data += f"; {f['utilisation_of']} {f['utilisation']:.0%}"
   lines = [f"speed:     {speed}", f"precision: {precision}", f"shapes:    {shapes}",
            f"input:     {data}"]
-  k = f.get("kernels")
-  if k:
+  if k := f.get("kernels"):
     lines.append(f"kernels:   {_kernels(k)}")
   choice = f.get("policy_choice")
   if choice and choice.get("candidates"):
@@ -75,9 +74,7 @@ def _kernels(k: dict[str, Any]) -> str:
   if k.get("evidence") not in ("cost", "probe") or not k.get("policy_ratios"):
     return ("not measured, by the CPU flags / GPU compute capability: "
             + (k.get("text") or "no slow-path warning"))
-  ratios = sorted(k["policy_ratios"].items(), key=lambda i: i[1])
-  line = (f"{words.RESTS_ON[k['evidence']]} ({k.get('source') or 'probe'}): "
-          + ", ".join(f"{p} {times(r)}" for p, r in ratios) + " float32's time")
+  line = words.ratios_line(k["evidence"], k.get("source"), k["policy_ratios"])
   if k.get("op"):
     line += (f"; worst {k['op']}: {k.get('impl')}"
              + (" (reference)" if k.get("reference") else "")
@@ -94,23 +91,21 @@ def format_findings(findings: list[dict[str, Any]], markdown: bool) -> list[str]
     title = f"{i}. [{g['severity']}] {g['title']}"
     # A diagnosis.json written before findings said what they were based on has none.
     based = ", ".join(g.get("based_on") or [])
-    if markdown:
-      lines.append(f"## {title}")
-    else:
-      lines.append(title + (f" (based on: {based})" if based else ""))
     if not markdown:
-      lines += [f"   - {e}" for e in g["evidence"]]
-      lines.append(f"   next: {g['next_step']}")
+      lines.append(title + (f" (based on: {based})" if based else ""))
+      lines += [f"   - {e}" for e in g["evidence"]] + [f"   next: {g['next_step']}"]
       continue
     # Markdown: the evidence as a list, then threshold, next and based on as
     # paragraphs of their own (indented lines after a list would be read as the
     # last item's continuation, and rendered inside it).
-    lines += [f"- {e}" for e in g["evidence"]]
+    lines += [f"## {title}"] + [f"- {e}" for e in g["evidence"]]
     lines += ["", f"**threshold:** {g['threshold']}", "", f"**next:** {g['next_step']}"]
-    if based:
-      lines += ["", f"**based on:** {based}"]
-    lines.append("")
+    lines += (["", f"**based on:** {based}"] if based else []) + [""]
   return lines
+
+
+def _title(head: str, markdown: bool) -> str:
+  return f"# {head}" if markdown else f"mpt: {head}"
 
 
 def format_report(report: dict[str, Any], markdown: bool = False) -> str:
@@ -119,33 +114,28 @@ def format_report(report: dict[str, Any], markdown: bool = False) -> str:
     return _format_sweep(report, markdown)
   if report["kind"] == "across":
     return _format_across(report, markdown)
-  f = report["figures"]
-  head = f"mpt: diagnosis of {report['run_dir']}"
+  f, clear = report["figures"], ", ".join(report["checked_clear"])
+  lines = [_title(f"diagnosis of {report['run_dir']}", markdown), ""]
   if report["kind"] == "profile":
-    lines = [f"# {head[5:]}" if markdown else head, "",
-             f"a profile folder: {f['capture']} capture {f['trace']}"]
+    lines.append(f"a profile folder: {f['capture']} capture {f['trace']}")
     figures = profile_figures(f)
   else:
-    lines = [f"# {head[5:]}" if markdown else head, "", f"{f['run']}; {f['device']}"]
+    lines.append(f"{f['run']}; {f['device']}")
     figures = format_figures(f) + (profile_figures(report["gpu"]) if report.get("gpu")
                                    else [])
-  lines += [f"- {l}" if markdown else l for l in figures]
-  lines.append("")
+  lines += [f"- {l}" if markdown else l for l in figures] + [""]
   if markdown and report.get("numerics_table"):
     lines += ["## Numerics per layer", "", report["numerics_table"], ""]
   if not report["findings"] and report["kind"] == "profile":
-    lines.append("No findings from the capture (checked: " +
-                 ", ".join(report["checked_clear"]) + "); see the notes for what a "
-                 "capture alone cannot tell.")
+    lines.append(f"No findings from the capture (checked: {clear}); see the notes for "
+                 "what a capture alone cannot tell.")
   elif not report["findings"]:
-    lines.append("No findings: none of the checks fired (" +
-                 ", ".join(report["checked_clear"]) + "); nothing mpt can measure is "
-                 "holding this run back.")
+    lines.append(f"No findings: none of the checks fired ({clear}); nothing mpt can "
+                 "measure is holding this run back.")
   lines += format_findings(report["findings"], markdown)
-  if report["findings"] and report["checked_clear"]:
-    lines.append(f"checked, nothing found: {', '.join(report['checked_clear'])}")
-  for note in report["notes"]:
-    lines.append(f"note: {note}")
+  if report["findings"] and clear:
+    lines.append(f"checked, nothing found: {clear}")
+  lines += [f"note: {note}" for note in report["notes"]]
   return "\n".join(lines) + "\n"
 
 
@@ -175,8 +165,7 @@ def profile_figures(f: dict[str, Any]) -> list[str]:
                                          list(f["families"].items())[:6]))
   lines.append(f"16-bit:    {_pct(f['sixteen_bit_share'])} of kernel time in 16-bit "
                f"kernels: a {f['precision']} capture")
-  b = f["bound"]
-  if b:
+  if b := f["bound"]:
     step = f", {times(b['step'])} per step" if b["step"] else ""
     what = "" if b["tensor_cores"] else " (memory-bound ops only: no Tensor Cores)"
     lines.append(f"bound:     mixed_float16 at most {times(b['kernel'])} in kernel "
@@ -194,8 +183,8 @@ def _bound_cell(r: dict[str, Any]) -> str:
 
 def _format_across(report: dict[str, Any], markdown: bool) -> str:
   """One row per folder: the seed's question across GPUs, from each one's evidence."""
-  head = "mixed_float16 across the captures, each from its own kernels"
-  lines = [f"# {head}" if markdown else f"mpt: {head}", "",
+  lines = [_title("mixed_float16 across the captures, each from its own kernels",
+                  markdown), "",
            "| folder | GPU | Tensor Cores | eligible share | mixed_float16 bound "
            "(kernels / step) | step ms | GPU busy | top finding |",
            "|---|---|---|---|---|---|---|---|"]
@@ -213,8 +202,7 @@ def _format_across(report: dict[str, Any], markdown: bool) -> str:
 
 
 def _format_sweep(report: dict[str, Any], markdown: bool) -> str:
-  head = f"diagnosis of sweep {report['run_dir']}"
-  lines = [f"# {head}" if markdown else f"mpt: {head}", ""]
+  lines = [_title(f"diagnosis of sweep {report['run_dir']}", markdown), ""]
   if not report["findings"]:
     lines.append("No sweep-wide findings (speed-up, memory, overhead, accuracy).")
   lines += format_findings(report["findings"], markdown)

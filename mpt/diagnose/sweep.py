@@ -33,14 +33,22 @@ from mpt.records.machine import Hardware
 from mpt.records.verdict import PolicyVerdict
 
 
-
-def cell_dir(folder: pathlib.Path, cell: Cell) -> pathlib.Path | None:
-  """A cell's run folder: under the sweep folder's cells/ (wherever the sweep was run
-  from, or copied to), else the path the CSV recorded."""
+def _cell_file(folder: pathlib.Path, cell: Cell, name: str) -> pathlib.Path:
+  """A file of the cell's run folder: under the sweep folder's cells/ (wherever the
+  sweep was run from, or copied to), else the path the CSV recorded (a path to nothing
+  where it recorded none)."""
   if not cell.run_dir:
-    return None
+    return folder / "-" / name
   inside = folder / "cells" / pathlib.Path(cell.run_dir).name
-  return inside if inside.is_dir() else pathlib.Path(cell.run_dir)
+  return (inside if inside.is_dir() else pathlib.Path(cell.run_dir)) / name
+
+
+def _summaries(folder: pathlib.Path, cells: list[Cell]):
+  """The cells' summary.json records, each read when it is reached, where there is one."""
+  for c in cells:
+    path = _cell_file(folder, c, "summary.json")
+    if path.is_file():
+      yield summary_lib.read(path)
 
 
 def _key(c: Cell) -> tuple:
@@ -58,17 +66,15 @@ def speedups(folder: pathlib.Path, cells: list[Cell]) -> list[Finding]:
   findings = []
   slower = {p for p, found in by_policy.items()
             if max(x for x, _ in found) < SLOWER_THAN_FLOAT32}
-  for policy, found in sorted(by_policy.items()):
+  for policy in sorted(slower):
+    found = by_policy[policy]
     xs = [x for x, _ in found]
-    if policy not in slower:
-      continue
     loss = 1 / max(xs)  # Every cell of the policy lost at least this much.
     lines = [f"{policy} vs float32 in {len(found)} cell(s): {times(min(xs))} to "
                 f"{times(max(xs))} float32's speed"]
     lines += [f"batch {c.batch_size}, {c.loop}: {times(x)}" for x, c in found[:6]]
     based_on = ["sibling runs"]
-    k = _kernels(folder, [c for _, c in found], policy)
-    if k:
+    if k := _kernels(folder, [c for _, c in found]):
       # The policy measured fastest, unless this sweep measured it slower too.
       better = k.fastest or "float32"
       if better == policy or better in slower:
@@ -95,17 +101,11 @@ def speedups(folder: pathlib.Path, cells: list[Cell]) -> list[Finding]:
   return findings
 
 
-def _kernels(folder: pathlib.Path, cells: list[Cell],
-             policy: str) -> PolicyVerdict | None:
-  """The measured verdict on `policy` (summary.json `policy_verdict`: the step's cost
-  or the kernel probe) of the first of its cells that recorded one."""
-  for c in cells:
-    path = (cell_dir(folder, c) or folder / "-") / "summary.json"
-    if c.policy == policy and path.is_file():
-      k = summary_lib.read(path).policy_verdict
-      if k and k.measured:
-        return k
-  return None
+def _kernels(folder: pathlib.Path, cells: list[Cell]) -> PolicyVerdict | None:
+  """The measured verdict (summary.json `policy_verdict`: the step's cost or the kernel
+  probe) of the first of `cells` (one policy's) that recorded one."""
+  return next((s.policy_verdict for s in _summaries(folder, cells)
+               if s.policy_verdict and s.policy_verdict.measured), None)
 
 
 def _probe_reason(k: PolicyVerdict, policy: str) -> str:
@@ -128,32 +128,30 @@ def _probe_reason(k: PolicyVerdict, policy: str) -> str:
 
 def _hardware(folder: pathlib.Path, cells: list[Cell]) -> Hardware | None:
   """The machine the sweep ran on: the first cell's summary.json that records it."""
+  return next((s.hardware for s in _summaries(folder, cells) if s.hardware), None)
+
+
+def _groups(cells: list[Cell], key) -> dict[tuple, list[Cell]]:
+  groups = collections.defaultdict(list)
   for c in cells:
-    path = (cell_dir(folder, c) or folder / "-") / "summary.json"
-    if path.is_file():
-      hw = summary_lib.read(path).hardware
-      if hw:
-        return hw
-  return None
+    groups[key(c)].append(c)
+  return groups
 
 
 def memory(cells: list[Cell]) -> list[Finding]:
   findings = []
-  groups = collections.defaultdict(list)
-  for c in cells:
-    groups[_key(c)].append(c)
-  for key, group in groups.items():
+  for key, group in _groups(cells, _key).items():
     oom32 = sorted((c.batch_size, c.error) for c in group
                    if c.policy == "float32" and c.status.startswith("OOM"))
     if not oom32:
       continue
-    (oom_batch, error), oom32 = oom32[0], [b for b, _ in oom32]
+    oom_batch, error = oom32[0]
     fit32 = max((c.batch_size for c in group
                  if c.policy == "float32" and c.status == "ok"), default=None)
     for policy in config.SIXTEEN:
       fits = sorted(c.batch_size for c in group
                     if c.policy == policy and c.status == "ok"
-                    and c.batch_size >= oom32[0])
+                    and c.batch_size >= oom_batch)
       if fits:
         findings.append(Finding(
             f"memory:{policy}", "low", 0.0,
@@ -168,11 +166,9 @@ def memory(cells: list[Cell]) -> list[Finding]:
 
 def overhead(cells: list[Cell]) -> list[Finding]:
   findings = []
-  groups = collections.defaultdict(list)
-  for c in cells:
-    if c.ms:
-      groups[_key(c) + (c.policy,)].append((c.batch_size, c.ms))
-  for key, points in groups.items():
+  timed = [c for c in cells if c.ms]
+  for key, group in _groups(timed, lambda c: _key(c) + (c.policy,)).items():
+    points = [(c.batch_size, c.ms) for c in group]
     if len(points) < 2:
       continue
     (b0, t0), (b1, t1) = min(points), max(points)
@@ -228,7 +224,7 @@ def diagnose(folder: pathlib.Path) -> dict[str, Any]:
                   spread_findings)
   table = []
   for c in cells:
-    path = (cell_dir(folder, c) or folder / "-") / "diagnosis.json"
+    path = _cell_file(folder, c, "diagnosis.json")
     top = "-"
     if path.is_file():
       found = json.loads(path.read_text()).get("findings") or []

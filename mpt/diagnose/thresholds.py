@@ -1,12 +1,10 @@
 """The diagnosis' thresholds, in one place: each finding prints its own next to it, and
-DOC_WORDS says how docs/diagnosis.md's table of findings states each one
-(tests/diagnose/test_diagnose.py checks the page says them as they are). A new
-detector's cut-off and its words go here.
+docs/diagnosis.md's table of findings states each one (tests/diagnose/test_diagnose.py
+`DOC_WORDS` checks the page says them as they are). A new detector's cut-off goes here,
+the words its row states it in go there.
 """
 
-from mpt.machine import fastpath
-from mpt.machine import gpu_table
-from mpt.records.cost import times
+from mpt.machine import fastpath, gpu_table
 
 INPUT_WAIT_SHARE = 0.10      # data-wait share of step time: input bound at or above
 UTILISATION = 0.50           # busy share of the device below which a run is starved
@@ -58,52 +56,3 @@ BIG_BOUND = 1.5              # mixed_float16's step bound from which Tensor Core
                              # unused is a high finding
 SCALING = 0.5                # a sweep's step-time growth / batch growth below this:
                              # per-step overhead dominates (mpt/diagnose/sweep.py)
-
-# How docs/diagnosis.md's table of findings states each cut-off: {the finding's row
-# (its first cell): the words that row must hold}.
-DOC_WORDS = {
-    "input bound": [f">= {INPUT_WAIT_SHARE:.0%}",
-                    f"high from {2 * INPUT_WAIT_SHARE:.0%}"],
-    "idle device / overhead": [f"< {UTILISATION:.0%}",
-                               f"data wait < {INPUT_WAIT_SHARE:.0%}",
-                               f"< {SMALL_STEP_MS:g} ms"],
-    "shared machine": [f">= {OTHERS_SHARE:.0%}"],
-    "misaligned shapes": [f">= {MISALIGNED_SHARE:.0%}"],
-    "32-bit work": [f">= {FLOAT32_FLOP_SHARE:.0%} of the step's FLOPs",
-                    f">= {FLOAT32_TIME_SHARE:.0%} of traced time"],
-    "loss-scale trouble": [f"beyond the first {SETTLING_SKIPS} >= "
-                           f"{SKIPPED_SHARE:.0%}", f"loss scale < {MIN_SCALE:g}"],
-    "far below the matmul rate": [f"< {ACHIEVED_VS_MICROBENCH:.0%}"],
-    "memory estimate": [f"more than {MEMORY_DISAGREEMENT:.0%}"],
-    "step time vs batch (sweeps)": ["less than half" if SCALING == 0.5
-                                    else f"{SCALING}"],
-    "slow kernel": [f">= {times(SLOW_KERNELS)} float32's time",
-                    f"high (and ranked first) from {times(HIGH_LOSS)}",
-                    "--policy=<the policy measured fastest>"],
-    "faster policy measured": [f">= {times(OPPORTUNITY)} faster"],
-    "no fast 16-bit path": ["only when no kernel probe was recorded",
-                            f"measured >= {times(HIGH_LOSS)} float32's time"],
-    "no speed-up": [f"high from {times(HIGH_LOSS)}",
-                    f"without one and >= {times(HIGH_LOSS)} slower, the policy the "
-                    "evidence favours"],
-    "oneDNN setting": [f">= {times(1 + ONEDNN_MARGIN)} slower than the other",
-                       f"high from {times(HIGH_LOSS)}"],
-    "BatchNorm cost": [f">= {BATCHNORM_TIME_SHARE:.0%} of traced time",
-                       "--batchnorm=fused"],
-    "GPU idle": [f"< {UTILISATION:.0%} of the step",
-                 f"input wait >= {INPUT_WAIT_SHARE:.0%}",
-                 f"host gaps (xprof's \"All others\") >= {HOST_GAP_SHARE:.0%}",
-                 f"input wait >= {2 * INPUT_WAIT_SHARE:.0%}"],
-    "Tensor Cores unused": [f"16-bit kernels < {SIXTEEN_BIT_RUN:.0%}",
-                            f">= {ELIGIBLE_SHARE:.0%} of kernel time in eligible",
-                            f"high from a {times(BIG_BOUND)} step bound"],
-    "Tensor Cores missed": [f">= {MISSED_TENSOR_CORES:.0%} of kernel time"],
-    "memory-bound GPU ops": [f">= {MEMORY_BOUND_SHARE:.0%} of kernel time",
-                             f"transposes >= {TRANSPOSE_SHARE:.0%}"],
-    "Cast ops (CPU capture)": [f">= {FLOAT32_TIME_SHARE:.0%} of traced op time"],
-    "gradient underflow": [f">= {UNDERFLOW_SHARE:.0%} of a layer's nonzero",
-                           f">= {UNDERFLOW_SHARE:.0%} of their summed magnitude"],
-    "loss scale room": [f">= {times(SCALE_FALL)} after warm-up",
-                        f">= {times(SCALE_HEADROOM)} below"],
-    "bfloat16 error": [f"moves >= {BF16_ERROR:.0%}"],
-}

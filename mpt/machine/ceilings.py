@@ -18,6 +18,7 @@ Input: a microbench results dict (mpt/microbench/run.py `measure`, microbench.js
 from typing import Any
 
 from mpt.machine import hardware
+from mpt.machine import rates
 from mpt.records.cost import times
 
 # Beyond these shares of the estimate the estimate, not the kernels, is in question:
@@ -39,19 +40,6 @@ def device_estimate(results: dict[str, Any], dtype: str) -> tuple[float | None, 
     return (tflops * 1e3 if tflops else None), source
   peak = (results.get("peak") or {}).get(dtype) or {}
   return peak.get("gflops"), peak.get("assumptions") or "no estimate recorded"
-
-
-def _best_by_op(results: dict[str, Any], dtype: str) -> dict[str, dict[str, Any]]:
-  """{op: {"gflops", "size"}}: TensorFlow's best measured rate per op type."""
-  best: dict[str, dict[str, Any]] = {}
-  for row in results.get("throughput") or []:
-    if row.get("lib") != "tensorflow" or row.get("dtype") != dtype:
-      continue
-    rate = row.get("gflops")
-    if isinstance(rate, (int, float)) and rate > 0 and \
-        rate > best.get(row.get("op"), {}).get("gflops", 0):
-      best[row.get("op")] = {"gflops": rate, "size": row.get("size")}
-  return best
 
 
 def verdict(estimate: float | None, measured: float | None,
@@ -78,7 +66,7 @@ def ceilings(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
                     if r.get("lib") == "tensorflow" and r.get("dtype")} - set(dtypes))
   out = {}
   for dtype in dtypes:
-    by_op = _best_by_op(results, dtype)
+    by_op = rates.best_by_op(results, dtype)
     op = max(by_op, key=lambda o: by_op[o]["gflops"]) if by_op else None
     measured = by_op[op]["gflops"] if op else None
     estimate, source = device_estimate(results, dtype)

@@ -22,11 +22,9 @@ from mpt.records.cost import times
 from mpt.records.verdict import PolicyVerdict
 
 SLOW = 2.0  # A policy measured this many times float32's time is warned about.
-# The cut-offs of every timing before step 1 (the step's, mpt/train/before_step1/cost.py; each
-# layer's, mpt/measure/layercost.py): a 16-bit call this many times float32's stops
-# its timing there, and a policy whose ops the kernel table measured PATHOLOGICAL
-# times float32's is predicted from the table, not run.
-STOP = 5.0
+# The cut-off of every timing before step 1 (the step's, mpt/train/before_step1/cost.py;
+# each layer's, mpt/measure/layercost.py): a policy whose ops the kernel table measured
+# PATHOLOGICAL times float32's is predicted from the table, not run.
 PATHOLOGICAL = 10.0
 # Layer classes -> the op families their training step runs.
 LAYER_FAMILIES = {"Conv2D": "conv", "Conv1D": "conv", "Conv3D": "conv",
@@ -84,13 +82,6 @@ def worst_op(table: dict[str, Any], dtype: str, families) -> dict[str, Any] | No
   return max(rows, key=lambda r: r["ratio"]) if rows else None
 
 
-def _flags_verdict(policy: str, by_flags: tuple[str, str] | None) -> PolicyVerdict:
-  """Nothing measured: the CPU flags / compute capability speak."""
-  return PolicyVerdict(
-      "flags", slow=bool(by_flags), fastest=by_flags[1] if by_flags else None,
-      text=f"{policy}: {by_flags[0]}; use --policy={by_flags[1]}" if by_flags else None)
-
-
 def _warning(policy: str, found: PolicyVerdict, step_ms, worst, dtype: str) -> str:
   """The one-line warning on a policy measured slow."""
   ratio, ratios, fastest = found.ratio, found.policy_ratios, found.fastest
@@ -143,9 +134,9 @@ def verdict(policy: str, table: dict[str, Any] | None, families, flags: set[str]
 
   `step_ms`: this model's step timed per policy before step 1 (predicted ms/step,
   mpt/train/before_step1/cost.py; `bound`: the policy's own, where its timing stopped
-  before it settled: (at most | at least, its ratio)), which outranks the kernel table's representative shapes; the
-  table then only names the worst op's kernel. Without either (or on a GPU, where the
-  table measures nothing), the flags decide."""
+  before it settled: (at most | at least, its ratio)), which outranks the kernel
+  table's representative shapes; the table then only names the worst op's kernel.
+  Without either (or on a GPU, where the table measures nothing), the flags decide."""
   by_flags = hardware.fast_path(policy, flags, gpu_caps, cpu_name)
   ratios = cost_records.ratios(step_ms) if len(step_ms or {}) > 1 else {}
   if bound and not ratios.get(policy) and ratios:
@@ -153,8 +144,10 @@ def verdict(policy: str, table: dict[str, Any] | None, families, flags: set[str]
   evidence = "cost" if ratios.get(policy) else "probe"
   if evidence == "probe":  # A CPU's table measures nothing a GPU runs.
     ratios = policy_ratios(table, families) if not gpu_caps or _gpu(table) else {}
-  if not ratios:
-    return _flags_verdict(policy, by_flags)
+  if not ratios:  # Nothing measured: the CPU flags / compute capability speak.
+    return PolicyVerdict(
+        "flags", slow=bool(by_flags), fastest=by_flags[1] if by_flags else None,
+        text=f"{policy}: {by_flags[0]}; use --policy={by_flags[1]}" if by_flags else None)
   dtype, ratio = config.POLICY_DTYPE[policy], ratios[policy]
   fastest = min(ratios, key=ratios.get)
   worst = worst_op(table, dtype, families) if dtype != "float32" and table else None

@@ -61,11 +61,9 @@ def dtype_of(kernel: str, op: str | None = None) -> str | None:
   return None
 
 
-def _flag(value: Any) -> bool | None:
-  if isinstance(value, bool):
-    return value
+def _flag(value: Any) -> bool | None:  # A bool, or its text: "True", "1", "false", ...
   text = str(value).strip().lower()
-  return True if text in ("true", "1") else False if text in ("false", "0") else None
+  return {"true": True, "1": True, "false": False, "0": False}.get(text)
 
 
 def _number(value: Any) -> float | None:

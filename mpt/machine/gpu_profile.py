@@ -204,9 +204,8 @@ def _steps(profile: records.GpuProfile, tables: dict, device: xspace.Gpu | None)
     profile.notes.append("no step time: xprof found no steps in the capture")
     return
   profile.step_ms = step
-  profile.input_share = found["input_ms"] / step if found["input_ms"] is not None else None
-  profile.host_gap_share = found["other_ms"] / step if found["other_ms"] is not None \
-      else None
+  for share, ms in (("input_share", "input_ms"), ("host_gap_share", "other_ms")):
+    setattr(profile, share, found[ms] / step if found[ms] is not None else None)
   profile.input_statement = found["statement"]
   if device is not None:  # The device's "Steps" line spans exactly the steps profiled.
     span_ms = device.steps_ps / 1e9 or step * found["steps"]

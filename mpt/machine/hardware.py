@@ -123,11 +123,9 @@ def _gpu_details() -> list[tuple[str, tuple[int, int] | None]]:
 
 
 def device_name() -> str:
-  import tensorflow as tf
-  gpus = tf.config.list_physical_devices("GPU")
+  gpus = _gpu_details()
   if gpus:
-    details = tf.config.experimental.get_device_details(gpus[0])
-    return f"GPU: {details.get('device_name', gpus[0].name)} (x{len(gpus)})"
+    return f"GPU: {gpus[0][0]} (x{len(gpus)})"
   usable, host = cores.usable_cores(), os.cpu_count()
   count = f"{host} logical cores" if usable == host else \
       f"{usable} of {host} logical cores usable"

@@ -35,13 +35,10 @@ ISA_FLAGS = {
     "bf16": "ARM bfloat16 dot products (BFDOT/BFMMLA)",
 }
 
-# numpy's names for the same features (numpy/_core/_multiarray_umath.__cpu_features__).
-_NUMPY_NAMES = {
-    "sse4_2": "SSE42", "avx": "AVX", "avx2": "AVX2", "fma": "FMA3", "f16c": "F16C",
-    "avx512f": "AVX512F", "avx512bw": "AVX512BW", "avx512vl": "AVX512VL",
-    "avx512_vnni": "AVX512VNNI", "avx512_bf16": "AVX512BF16",
-    "avx512_fp16": "AVX512FP16", "asimd": "ASIMD", "asimdhp": "ASIMDHP", "sve": "SVE",
-}
+# numpy's names for the same features (numpy/_core/_multiarray_umath.__cpu_features__):
+# Linux's in capitals without "_", but FMA3; numpy names neither AMX nor ARM's bf16.
+_NUMPY_NAMES = {f: "FMA3" if f == "fma" else f.upper().replace("_", "")
+                for f in ISA_FLAGS if not f.startswith("amx") and f != "bf16"}
 
 
 @dataclasses.dataclass
@@ -98,14 +95,10 @@ def numpy_features() -> set[str]:
   return {linux for linux, name in _NUMPY_NAMES.items() if found.get(name)}
 
 
-def cpuinfo_path() -> str:
-  """Where the CPU's facts are read: $MPT_CPUINFO if set, else /proc/cpuinfo."""
-  return os.environ.get("MPT_CPUINFO") or "/proc/cpuinfo"
-
-
 def detect(cpuinfo: str | None = None) -> Cpu:
-  """This machine's CPU; falls back to numpy's feature detection, and says so."""
-  cpuinfo = cpuinfo or cpuinfo_path()
+  """This machine's CPU, read from `cpuinfo` (else $MPT_CPUINFO if set, else
+  /proc/cpuinfo); falls back to numpy's feature detection, and says so."""
+  cpuinfo = cpuinfo or os.environ.get("MPT_CPUINFO") or "/proc/cpuinfo"
   try:
     cpu = parse_cpuinfo(pathlib.Path(cpuinfo).read_text())
     if cpu.logical_cpus:

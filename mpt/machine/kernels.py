@@ -191,6 +191,5 @@ def _short(impl: str, dtype: str) -> str:
   emulation) keeps its `on float32`."""
   kind, _, rest = impl.partition(":")
   name, _, on = (rest or kind).partition(" on ")
-  name = name if rest else kind.partition(" on ")[0]
   out = ("REF " if name.startswith("ref") else "") + name
   return out + (f" on {on}" if on and on != dtype else "")

@@ -27,12 +27,22 @@ def save_cache(results: dict[str, Any]) -> pathlib.Path:
   return path
 
 
+def best_by_op(results: dict[str, Any], dtype: str) -> dict[str, dict[str, Any]]:
+  """{op: {"gflops", "size"}}: TensorFlow's best measured rate per op type."""
+  best: dict[str, dict[str, Any]] = {}
+  for row in results.get("throughput") or []:
+    if row.get("lib") != "tensorflow" or row.get("dtype") != dtype:
+      continue
+    rate = row.get("gflops")
+    if isinstance(rate, (int, float)) and rate > 0 and \
+        rate > best.get(row.get("op"), {}).get("gflops", 0):
+      best[row.get("op")] = {"gflops": rate, "size": row.get("size")}
+  return best
+
+
 def measured_gflops(results: dict[str, Any], dtype: str) -> float | None:
   """The best TensorFlow matmul GFLOP/s measured for `dtype`."""
-  rates = [r["gflops"] for r in results.get("throughput", [])
-           if r["op"] == "matmul" and r["lib"] == "tensorflow" and r["dtype"] == dtype
-           and r.get("gflops")]
-  return max(rates) if rates else None
+  return best_by_op(results, dtype).get("matmul", {}).get("gflops")
 
 
 def cached_gflops(dtype: str) -> tuple[float | None, str | None]:

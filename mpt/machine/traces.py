@@ -33,8 +33,6 @@ import tempfile
 from typing import Any, Sequence
 
 XPROF_VERSION = "2.24"
-# The internal used, for the guard test: (module, attribute).
-CONVERTER = ("xprof.convert.raw_to_tool_data", "xspace_to_tool_data")
 TIMEOUT_S = 300  # A 3 MB eight-GPU trace converts in well under a second.
 _FATAL = re.compile(r"^F\d{4} ")  # How absl's C++ logging starts a fatal line.
 

@@ -22,41 +22,29 @@ import re
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 _F = descriptor_pb2.FieldDescriptorProto
-# (message, [(field, number, type, repeated, message type)]): xplane.proto, trimmed.
+# (message, [(field, number, type)]): xplane.proto, trimmed. A type is a scalar's or a
+# message's name; "[]" after it: a repeated field.
 _SCHEMA = (
-    ("XSpace", [("planes", 1, _F.TYPE_MESSAGE, True, "XPlane"),
-                ("errors", 2, _F.TYPE_STRING, True, None),
-                ("hostnames", 4, _F.TYPE_STRING, True, None)]),
-    ("XPlane", [("id", 1, _F.TYPE_INT64, False, None),
-                ("name", 2, _F.TYPE_STRING, False, None),
-                ("lines", 3, _F.TYPE_MESSAGE, True, "XLine"),
-                ("event_metadata", 4, _F.TYPE_MESSAGE, True, "EventMetadataEntry"),
-                ("stat_metadata", 5, _F.TYPE_MESSAGE, True, "StatMetadataEntry"),
-                ("stats", 6, _F.TYPE_MESSAGE, True, "XStat")]),
+    ("XSpace", [("planes", 1, "XPlane[]"), ("errors", 2, "string[]"),
+                ("hostnames", 4, "string[]")]),
+    ("XPlane", [("id", 1, "int64"), ("name", 2, "string"), ("lines", 3, "XLine[]"),
+                ("event_metadata", 4, "EventMetadataEntry[]"),
+                ("stat_metadata", 5, "StatMetadataEntry[]"), ("stats", 6, "XStat[]")]),
     # A proto map is a repeated message {key = 1, value = 2} on the wire.
-    ("EventMetadataEntry", [("key", 1, _F.TYPE_INT64, False, None),
-                            ("value", 2, _F.TYPE_MESSAGE, False, "XEventMetadata")]),
-    ("StatMetadataEntry", [("key", 1, _F.TYPE_INT64, False, None),
-                           ("value", 2, _F.TYPE_MESSAGE, False, "XStatMetadata")]),
-    ("XLine", [("id", 1, _F.TYPE_INT64, False, None),
-               ("name", 2, _F.TYPE_STRING, False, None),
-               ("events", 4, _F.TYPE_MESSAGE, True, "XEvent")]),
-    ("XEvent", [("metadata_id", 1, _F.TYPE_INT64, False, None),
-                ("duration_ps", 3, _F.TYPE_INT64, False, None),
-                ("stats", 4, _F.TYPE_MESSAGE, True, "XStat"),
-                ("num_occurrences", 5, _F.TYPE_INT64, False, None)]),
-    ("XStat", [("metadata_id", 1, _F.TYPE_INT64, False, None),
-               ("double_value", 2, _F.TYPE_DOUBLE, False, None),
-               ("uint64_value", 3, _F.TYPE_UINT64, False, None),
-               ("int64_value", 4, _F.TYPE_INT64, False, None),
-               ("str_value", 5, _F.TYPE_STRING, False, None),
-               ("ref_value", 7, _F.TYPE_UINT64, False, None)]),
-    ("XEventMetadata", [("id", 1, _F.TYPE_INT64, False, None),
-                        ("name", 2, _F.TYPE_STRING, False, None),
-                        ("display_name", 4, _F.TYPE_STRING, False, None)]),
-    ("XStatMetadata", [("id", 1, _F.TYPE_INT64, False, None),
-                       ("name", 2, _F.TYPE_STRING, False, None)]),
+    ("EventMetadataEntry", [("key", 1, "int64"), ("value", 2, "XEventMetadata")]),
+    ("StatMetadataEntry", [("key", 1, "int64"), ("value", 2, "XStatMetadata")]),
+    ("XLine", [("id", 1, "int64"), ("name", 2, "string"), ("events", 4, "XEvent[]")]),
+    ("XEvent", [("metadata_id", 1, "int64"), ("duration_ps", 3, "int64"),
+                ("stats", 4, "XStat[]"), ("num_occurrences", 5, "int64")]),
+    ("XStat", [("metadata_id", 1, "int64"), ("double_value", 2, "double"),
+               ("uint64_value", 3, "uint64"), ("int64_value", 4, "int64"),
+               ("str_value", 5, "string"), ("ref_value", 7, "uint64")]),
+    ("XEventMetadata", [("id", 1, "int64"), ("name", 2, "string"),
+                        ("display_name", 4, "string")]),
+    ("XStatMetadata", [("id", 1, "int64"), ("name", 2, "string")]),
 )
+_SCALARS = {"int64": _F.TYPE_INT64, "uint64": _F.TYPE_UINT64, "double": _F.TYPE_DOUBLE,
+            "string": _F.TYPE_STRING}
 _VALUES = ("int64_value", "uint64_value", "double_value", "str_value", "ref_value")
 _GPU_PLANE = re.compile(r"^/device:GPU:(\d+)$")
 # Stats naming a device's model, newest first.
@@ -71,10 +59,11 @@ def _space_class():
                                             package="mpt_xplane", syntax="proto2")
   for name, fields in _SCHEMA:
     message = file.message_type.add(name=name)
-    for field, number, kind, repeated, of in fields:
-      message.field.add(name=field, number=number, type=kind,
+    for field, number, kind in fields:
+      of, repeated = kind.removesuffix("[]"), kind.endswith("[]")
+      message.field.add(name=field, number=number, type=_SCALARS.get(of, _F.TYPE_MESSAGE),
                         label=_F.LABEL_REPEATED if repeated else _F.LABEL_OPTIONAL,
-                        type_name=f".mpt_xplane.{of}" if of else None)
+                        type_name=None if of in _SCALARS else f".mpt_xplane.{of}")
   pool = descriptor_pool.DescriptorPool()
   pool.Add(file)
   return message_factory.GetMessageClass(pool.FindMessageTypeByName("mpt_xplane.XSpace"))

@@ -35,12 +35,10 @@ INT_MAX = 2**31 - 1
 
 
 def declared(hparams: dict[str, Any]) -> list[hp.HParam]:
-  """The HParams of a run's `hparams` (Config field names), with their flag's help.
-
-  The domain tells TensorBoard's filter what to offer: a flag's choices or a bool's
-  two values as checkboxes, an int as a number range (min..max boxes); a free string
-  (model, dataset, model options) has none, and is listed without a filter.
-  """
+  """The HParams of a run's `hparams` (Config field names), with their flag's help. The
+  domain tells TensorBoard's filter what to offer: a flag's choices or a bool's two
+  values as checkboxes, an int as a number range (min..max boxes); a free string (model,
+  dataset, model options) has none, and is listed without a filter."""
   flags = {f.name: f for f in config.fields()}
   out = []
   for name, value in hparams.items():

@@ -38,19 +38,15 @@ def _size(shape) -> int:
 def layer_flops(layer: keras.layers.Layer, in_shape: tuple | None,
                 out_shape: tuple | None) -> tuple[int, tuple[int, int] | None]:
   """(forward FLOPs per example, (matrix dim in, dim out) or None) of one layer, from
-  the shapes it was seen called with.
-
-  A multiply-add counts as 2 FLOPs. Convolutions and dense layers count their
-  multiply-adds (plus one per output for a fused activation), EinsumDense those of its
-  equation; BatchNorm 4 per element (subtract, divide, scale, shift); any other layer
-  one per output element.
-  """
+  the shapes it was seen called with. A multiply-add counts as 2 FLOPs. Convolutions and
+  dense layers count their multiply-adds (plus one per output for a fused activation),
+  EinsumDense those of its equation; BatchNorm 4 per element (subtract, divide, scale,
+  shift); any other layer one per output element."""
   if hasattr(layer, "flops_per_example"):  # A custom layer that counts its own.
     return int(layer.flops_per_example()), None
   out = _size(out_shape)
   if isinstance(layer, keras.layers.DepthwiseConv2D):
-    k = math.prod(layer.kernel_size)
-    return 2 * out * k, None
+    return 2 * out * math.prod(layer.kernel_size), None
   if isinstance(layer, MATMUL_LAYERS) and in_shape and out_shape:
     c_in = in_shape[-1]
     per_output = c_in * (math.prod(layer.kernel_size) // getattr(layer, "groups", 1)
@@ -86,9 +82,8 @@ def _counted(layer: keras.layers.Layer) -> bool:
 
 def _float32_reason(layer: keras.layers.Layer, global_policy: str) -> str | None:
   if layer.compute_dtype == "float32":
-    if global_policy == "float32":
-      return "float32 policy"
-    return "dtype forced to float32 (numerically sensitive)"
+    return "float32 policy" if global_policy == "float32" else \
+        "dtype forced to float32 (numerically sensitive)"
   if isinstance(layer, (keras.layers.BatchNormalization,
                         keras.layers.LayerNormalization)):
     return f"{type(layer).__name__} normalises in float32 (Keras upcasts 16-bit inputs)"
@@ -96,8 +91,7 @@ def _float32_reason(layer: keras.layers.Layer, global_policy: str) -> str | None
 
 
 def _row(call: observe.Call, global_policy: str, name: str) -> dict[str, Any]:
-  """One layer's row (`name`: its unique path), from its call observed in the forward
-  pass."""
+  """One layer's row (`name`: its unique path), from its call in the forward pass."""
   layer, out = call.layer, call.output
   out_shape = tuple(out.shape) if out is not None else None
   flops, dims = layer_flops(layer, call.input_shape, out_shape)
@@ -241,25 +235,26 @@ def inspect_model(model: keras.Model, batch_size: int = 2, seed: int = 0,
   seen = [c for c in calls if c.leaf and not isinstance(c.layer, keras.layers.InputLayer)]
   names = observe.unique_names(calls)
   rows = [_row(call, global_policy, names[id(call.layer)]) for call in seen]
-  grad_dtypes = _gradient_dtypes(model, x)
-  var_dtypes = sorted({v.dtype for v in model.trainable_variables})
   inputs = observe.describe_inputs(x)
-  return {
-      "model": model.name,
-      "policy": global_policy,
-      "input_shape": next(iter(inputs.values()), []),
-      "inputs": inputs,
-      "layers": rows,
-      "params": int(model.count_params()),
-      **_shares(rows),
-      # What one call could not show: layers whose own ops are unseen (their FLOPs
-      # are one per output element) and layers that returned no tensor.
-      "uncounted_layers": [names[id(c.layer)] for c in seen if not _counted(c.layer)],
-      "no_tensor_output": [names[id(c.layer)] for c in seen if c.output is None],
-      "gradient_dtypes": grad_dtypes,
-      "variable_dtypes": var_dtypes,
-      "gradients_match_variables": grad_dtypes == var_dtypes,
-  }
+  return {"model": model.name, "policy": global_policy,
+          "input_shape": next(iter(inputs.values()), []), "inputs": inputs,
+          **_totals(rows, int(model.count_params()), [
+              # What one call could not show: layers whose own ops are unseen (their
+              # FLOPs are one per output element) and layers that returned no tensor.
+              [names[id(c.layer)] for c in seen if not _counted(c.layer)],
+              [names[id(c.layer)] for c in seen if c.output is None]],
+              _gradient_dtypes(model, x),
+              sorted({v.dtype for v in model.trainable_variables}))}
+
+
+def _totals(rows: list[dict[str, Any]], params: int, unseen: list[list[str]],
+            grads: list[str], variables: list[str]) -> dict[str, Any]:
+  """A report's rows and what follows them: totals, the layers one call could not
+  show (`unseen`: uncounted, no tensor output), the gradients' and variables' dtypes."""
+  return {"layers": rows, "params": params, **_shares(rows),
+          "uncounted_layers": unseen[0], "no_tensor_output": unseen[1],
+          "gradient_dtypes": grads, "variable_dtypes": variables,
+          "gradients_match_variables": grads == variables}
 
 
 def inspect_parts(name: str, models: list[keras.Model], batch_size: int = 2,
@@ -275,24 +270,19 @@ def inspect_parts(name: str, models: list[keras.Model], batch_size: int = 2,
   reports = [{**inspect_model(m, batch_size, seed), "model": n}
              for m, n in zip(models, names)]
   named = lambda key: [f"{r['model']}/{n}" for r in reports for n in r[key]]
+  union = lambda key: sorted({d for r in reports for d in r[key]})
   rows = [{**row, "name": f"{r['model']}/{row['name']}"}
           for r in reports for row in r["layers"]]
-  grads = sorted({d for r in reports for d in r["gradient_dtypes"]})
-  variables = sorted({d for r in reports for d in r["variable_dtypes"]})
   return {
       "model": name, "parts": [r["model"] for r in reports],
       # The Keras name each part's ops run under (an EMA copy by clone_model: its
       # original's).
       "part_models": [m.name for m in models],
-      "policy": reports[0]["policy"],
-      "input_shape": reports[0]["input_shape"],
+      "policy": reports[0]["policy"], "input_shape": reports[0]["input_shape"],
       "inputs": {f"{r['model']}/{k}": v for r in reports for k, v in r["inputs"].items()},
-      "layers": rows, "params": sum(r["params"] for r in reports), **_shares(rows),
-      "uncounted_layers": named("uncounted_layers"),
-      "no_tensor_output": named("no_tensor_output"),
-      "gradient_dtypes": grads, "variable_dtypes": variables,
-      "gradients_match_variables": grads == variables,
-  }
+      **_totals(rows, sum(r["params"] for r in reports),
+                [named("uncounted_layers"), named("no_tensor_output")],
+                union("gradient_dtypes"), union("variable_dtypes"))}
 
 
 COLUMNS = ("name", "class", "policy", "compute_dtype", "variable_dtype", "output_dtype",
@@ -357,15 +347,15 @@ def format_table(report: dict[str, Any], markdown: bool = False) -> str:
 
 def _unseen(report: dict[str, Any]) -> list[str]:
   """What the model's call could not show, in words (nothing: no lines)."""
-  lines = []
-  if report.get("uncounted_layers"):
-    lines.append("FLOPs not seen in custom layers' own ops (counted as one per output "
-                 "element; a layer may define flops_per_example()): "
-                 + ", ".join(report["uncounted_layers"]))
-  if report.get("no_tensor_output"):
-    lines.append("output dtype not observed (no tensor returned): "
-                 + ", ".join(report["no_tensor_output"]))
-  return lines
+  said = {"uncounted_layers": "FLOPs not seen in custom layers' own ops (counted as one "
+          "per output element; a layer may define flops_per_example()): ",
+          "no_tensor_output": "output dtype not observed (no tensor returned): "}
+  return [words + ", ".join(report[key]) for key, words in said.items()
+          if report.get(key)]
+
+
+def _first3(names: list[str]) -> str:
+  return ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
 
 
 def one_line(report: dict[str, Any]) -> str:
@@ -380,12 +370,10 @@ def one_line(report: dict[str, Any]) -> str:
     f32 = report["float32_layers"]
     parts = [head, f"{report['flops_share_16bit']:.1%} of them in 16-bit",
              f"{len(f32)} float32 layer(s)" + (
-                 f" ({', '.join(l['name'] for l in f32[:3])}"
-                 f"{', ...' if len(f32) > 3 else ''})" if f32 else "")]
+                 f" ({_first3([l['name'] for l in f32])})" if f32 else "")]
   if report.get("uncounted_layers"):
     parts.append(f"FLOPs of {len(report['uncounted_layers'])} custom layer(s) not seen")
-  misaligned = report["misaligned_layers"]
-  if misaligned:
+  if report["misaligned_layers"]:
     parts.append(f"{report['misaligned_flops_share']:.1%} in layers not aligned to 8 "
-                 f"({', '.join(misaligned[:3])}{', ...' if len(misaligned) > 3 else ''})")
+                 f"({_first3(report['misaligned_layers'])})")
   return "; ".join(parts)

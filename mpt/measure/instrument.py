@@ -32,11 +32,9 @@ from mpt.records import summary as summary_lib
 
 
 class StepTimer(keras.callbacks.Callback):
-  """Wall time of every train step and of its batch fetch; the latest epoch's logs.
-
-  A resumed run continues from `state()` of the run it resumes: its steps are
-  appended, and its own first `warmup_steps` (tracing again) are left out as well.
-  """
+  """Wall time of every train step and of its batch fetch; the latest epoch's logs. A
+  resumed run continues from `state()` of the run it resumes: its steps are appended,
+  and its own first `warmup_steps` (tracing again) are left out as well."""
 
   def __init__(self, warmup_steps: int, state: dict[str, Any] | None = None):
     super().__init__()
@@ -51,9 +49,7 @@ class StepTimer(keras.callbacks.Callback):
     # buffer or restart the pipeline: a one-off wait, reported apart).
     self.epoch_starts: list[int] = state.get("epoch_starts", [])
     self._first_here = len(self.durations_ms)
-    self._t0 = 0.0
-    self._wait = 0.0
-    self.pending_wait = 0.0
+    self._t0 = self._wait = self.pending_wait = 0.0
     self._begin = None
 
   def state(self) -> dict[str, Any]:
@@ -98,8 +94,7 @@ class StepTimer(keras.callbacks.Callback):
     return self.durations_ms[self._first_here:]
 
   def rewarm(self) -> None:
-    """The next `warmup_steps` steps are warm-up again (a new `fit` of the same run
-    may trace its step again)."""
+    """The next `warmup_steps` steps are warm-up again (a new `fit` may trace again)."""
     self._first_here = len(self.durations_ms)
 
   def on_epoch_end(self, epoch, logs=None):
@@ -137,8 +132,7 @@ class StepTimer(keras.callbacks.Callback):
   def _wait_apart(self, steady: list[int]) -> dict[str, Any]:
     """The waits of epoch-start fetches and of one-off long fetches (over 5x the
     median wait and 1 ms) among the timed steps: count and total ms of each."""
-    waits = [self.waits_ms[i] for i in steady]
-    typical = statistics.median(waits)
+    typical = statistics.median(self.waits_ms[i] for i in steady)
     starts = set(self.epoch_starts)
     at_start = [self.waits_ms[i] for i in steady if i in starts]
     one_off = [self.waits_ms[i] for i in steady if i not in starts
@@ -218,13 +212,12 @@ class ScalarWriter(keras.callbacks.Callback):
     step = self.timer.steps
     if not self.detailed or step % self.every:
       return
-    recent = self.timer.durations_ms[-self.every:]
-    ms = statistics.median(recent)
+    ms = statistics.median(self.timer.durations_ms[-self.every:])
+    sources = self.sources
     with self.writer.as_default(step=step):
       tf.summary.scalar("perf/step_time_ms", ms)
       tf.summary.scalar("perf/data_wait_ms", statistics.fmean(self.timer.waits_ms[-self.every:]))
       tf.summary.scalar("perf/images_per_sec", self.batch_size / ms * 1e3)
-      sources = self.sources
       if sources.flops_per_step:
         tf.summary.scalar("perf/tflops",
                           summary_lib.achieved_gflops(sources.flops_per_step, ms) / 1e3)
@@ -256,5 +249,4 @@ class ScalarWriter(keras.callbacks.Callback):
       tf.summary.text(tag, text)
 
   def close(self) -> None:
-    self.writer.flush()
-    self.writer.close()
+    self.writer.close()  # Flushes first.

@@ -9,15 +9,14 @@ class with the same settings and input shapes are timed once: a fresh copy of th
 layer (`from_config`) under each policy, called on random inputs at the run's batch
 already in the policy's compute dtype (the cast into it is priced at the edges), in
 a tf.function that runs its forward pass and the gradients of its inputs and weights.
-Its calls are timed by the one timer (mpt/measure/timer.py): interleaved across the
-policies until each settles, its figure less one empty tf.function call's dispatch;
-a policy stopped by its budget is said as the bound it is. A policy whose op family
-the machine's cached kernel table (mpt/machine/kernels.py) measured PATHOLOGICAL
-times float32's is not run at all: its time is float32's by that ratio (oneDNN's
-reference float16 convolution on a Sapphire Rapids takes seconds per layer, the
-kernel table already knows it).
+Its calls are timed by the one timer (mpt/measure/timer.py), its figure less one empty
+tf.function call's dispatch. A policy whose op family the machine's cached kernel
+table (mpt/machine/kernels.py) measured PATHOLOGICAL times float32's is not run at
+all: its time is float32's by that ratio (oneDNN's reference float16 convolution on a
+Sapphire Rapids takes seconds per layer, the kernel table already knows it).
 """
 
+import itertools
 import time
 from typing import Any, Callable
 
@@ -48,12 +47,6 @@ class _Leaf:
     return f"{self.dtype}{list(self.shape)}"
 
 
-def _spec(argument) -> Any:
-  """The argument's structure with each tensor as a _Leaf."""
-  return keras.tree.map_structure(
-      lambda t: _Leaf(t) if hasattr(t, "shape") else t, argument)
-
-
 def _signature(layer: keras.layers.Layer, spec) -> str:
   settings = {k: v for k, v in layer.get_config().items()
               if k not in ("name", "dtype", "trainable")}
@@ -73,8 +66,9 @@ def survey(model: keras.Model, x) -> tuple[list[tuple[LayerRow, Any, Any]],
   edges, skipped = [], []
   for call in leaves:
     name = names[id(call.layer)]
-    try:
-      spec = _spec(call.argument)
+    try:  # The argument's structure with each tensor as a _Leaf.
+      spec = keras.tree.map_structure(
+          lambda t: _Leaf(t) if hasattr(t, "shape") else t, call.argument)
       key = _signature(call.layer, spec)
     except (NotImplementedError, TypeError, ValueError) as e:
       skipped.append(f"{name}: {type(e).__name__}")
@@ -140,18 +134,14 @@ def _overhead(clock: Clock) -> float:
   return _settled(lambda: lambda: nothing(x), clock)
 
 
-def _predicted(cls: str, table: dict | None) -> dict[str, float]:
-  """{policy: ratio to float32} where the kernel table marks this class's ops
-  PATHOLOGICAL times float32's (fastpath.pathological, the step cost's rule)."""
-  family = fastpath.LAYER_FAMILIES.get(cls)
-  return fastpath.pathological(table, [family] if family else [])
-
-
 def _time_row(row: LayerRow, layer, spec, batch: int, jit: bool, table, clock: Clock,
               overhead: float) -> None:
   """Fills `row.ms` and `row.notes` for every policy, by the one timer (interleaved,
-  until settled; ROW_BUDGET_S of calls besides two of float32's)."""
-  skip = _predicted(row.cls, table)
+  until settled; ROW_BUDGET_S of calls besides two of float32's). A policy the kernel
+  table marks PATHOLOGICAL times float32's for this class's ops (fastpath.pathological,
+  the step cost's rule) is predicted by that ratio."""
+  family = fastpath.LAYER_FAMILIES.get(row.cls)
+  skip = fastpath.pathological(table, [family] if family else [])
   timings = timer.run(
       [(p, lambda p=p: _step(layer, p, spec, batch, jit)) for p in config.POLICY_DTYPE
        if p not in skip],
@@ -174,17 +164,14 @@ def _time_row(row: LayerRow, layer, spec, batch: int, jit: bool, table, clock: C
 def _casts(clock: Clock, overhead: float) -> dict[str, list[float]]:
   """{"a>b": [intercept ms, ms per million elements]} of a cast and its gradient's."""
   found = {}
-  for src in ("float32", "bfloat16", "float16"):
-    for dst in ("float32", "bfloat16", "float16"):
-      if src == dst:
-        continue
-      cast = tf.function(lambda x, g, dst=dst, src=src: (tf.cast(x, dst), tf.cast(g, src)))
-      ms = []
-      for n in CAST_SIZES:
-        x, g = tf.zeros((n,), src), tf.zeros((n,), dst)
-        ms.append(_settled(lambda: lambda: cast(x, g), clock))
-      slope = max(ms[1] - ms[0], 0.0) / ((CAST_SIZES[1] - CAST_SIZES[0]) / 1e6)
-      found[f"{src}>{dst}"] = [round(max(ms[0] - overhead, 0.0), 4), round(slope, 4)]
+  for src, dst in itertools.permutations(("float32", "bfloat16", "float16"), 2):
+    cast = tf.function(lambda x, g, dst=dst, src=src: (tf.cast(x, dst), tf.cast(g, src)))
+    ms = []
+    for n in CAST_SIZES:
+      x, g = tf.zeros((n,), src), tf.zeros((n,), dst)
+      ms.append(_settled(lambda: lambda: cast(x, g), clock))
+    slope = max(ms[1] - ms[0], 0.0) / ((CAST_SIZES[1] - CAST_SIZES[0]) / 1e6)
+    found[f"{src}>{dst}"] = [round(max(ms[0] - overhead, 0.0), 4), round(slope, 4)]
   return found
 
 

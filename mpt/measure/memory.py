@@ -96,14 +96,9 @@ def _bytes(layer: dict[str, Any], index: int, report: dict[str, Any],
   return 4 if forced else BYTES[compute]
 
 
-def step_mb(est: Estimate | Line, batch_size: int) -> float:
-  """The step's memory at a per-replica batch beyond the baseline already in use."""
-  return est.fixed_mb + batch_size * est.per_example_mb - est.baseline_mb
-
-
 def fits(est: Estimate | Line, batch_size: int, available_mb: float) -> bool:
-  """Whether the step at `batch_size` fits in what is left (`available_mb`)."""
-  return step_mb(est, batch_size) <= available_mb
+  """Whether the step at a per-replica `batch_size` fits in what is left."""
+  return est.fixed_mb + batch_size * est.per_example_mb - est.baseline_mb <= available_mb
 
 
 def largest_batch(est: Estimate | Line, available_mb: float) -> int:

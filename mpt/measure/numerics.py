@@ -56,12 +56,7 @@ OpWatch = Callable[[Callable[[str, list, list], None]], Any]
 
 def values(t) -> Values:
   """`t`'s magnitudes as a Values (computed in float32)."""
-  return _magnitudes(np.asarray(tf.cast(t, tf.float32)))
-
-
-def _magnitudes(array: np.ndarray) -> Values:
-  """A numpy array's magnitudes as a Values (no TensorFlow op runs)."""
-  a = np.abs(array.astype(np.float32)).ravel()
+  a = np.abs(np.asarray(tf.cast(t, tf.float32))).ravel()
   finite = np.isfinite(a)
   nonzero = a[finite & (a > 0)]
   _, exponents = np.frexp(nonzero)  # |v| = m * 2^e with m in [0.5, 1).

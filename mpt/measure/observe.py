@@ -11,9 +11,6 @@ its outputs, whatever the model's style. Written for Keras 3.15 (every layer cal
 through `Layer.__call__`, a subclass may extend it and call super);
 tests/measure/test_dtypes.py fails loudly when a Keras upgrade stops routing calls
 through it (a subclassed model's layers would go unseen).
-
-`input_shape(model)` finds the shape to call a model with: its `inputs`, else the
-shape Keras built it with (`get_build_config`), else None (the caller says so).
 """
 
 import contextlib
@@ -125,8 +122,9 @@ def layer_calls(model: keras.Model, x) -> tuple[list[Call], Any]:
 
 
 def input_shape(model: keras.Model) -> tuple | None:
-  """The model's (first) input shape with its batch dimension (None, ...), or None if
-  neither its inputs nor its build tell it."""
+  """The model's (first) input shape with its batch dimension (None, ...): its
+  `inputs`, else the shape Keras built it with (`get_build_config`), else None (the
+  caller says so)."""
   inputs = getattr(model, "inputs", None)  # Functional and Sequential only.
   if inputs:
     return tuple(inputs[0].shape)

@@ -36,7 +36,6 @@ from mpt.models import fused_bn
 
 PolicyMap = keras.dtype_policies.DTypePolicyMap
 SIXTEEN_BIT = set(config.SIXTEEN.values())  # mpt/config.py: the one table.
-MAP_FILE = speech.MAP_FILE
 # A chooser: (a layer, whether it follows the model's policy) -> the policy it gets
 # inside the block, or None: it keeps its own.
 Chooser = Callable[[keras.layers.Layer, bool], str | None]
@@ -125,8 +124,7 @@ def one_layer(layer: keras.layers.Layer, policy: str) -> Iterator[None]:
     yield
 
 
-def plain(policy: keras.DTypePolicy) -> keras.DTypePolicy:
-  """`policy`, or a map's default policy."""
+def plain(policy: keras.DTypePolicy) -> keras.DTypePolicy:  # A map: its default.
   return policy.default_policy if isinstance(policy, PolicyMap) else policy
 
 
@@ -214,7 +212,7 @@ def write_map(run_dir: pathlib.Path, found: tuple[PolicyMap, list[str]],
   """policy_map.json in `run_dir` from `map_of`'s (map, layers it cannot hold): the
   map as Keras serialises it, under `policy_map`, with the Keras version that wrote
   it, why, and the layers the map cannot hold (`unkeyed`)."""
-  where = pathlib.Path(run_dir) / MAP_FILE
+  where = pathlib.Path(run_dir) / speech.MAP_FILE
   files.write_json(where, {"keras_version": keras.__version__, "why": why,
                            "policy_map": keras.saving.serialize_keras_object(found[0]),
                            "unkeyed": found[1]})

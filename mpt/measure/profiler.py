@@ -18,10 +18,7 @@ import tensorflow as tf
 
 from mpt.errors import UserError
 
-
-# On a GPU a run is profiled by default: this many steps right after the warm-up
-# (cheap: a few steps' kernels), so that its diagnosis reads what its kernels did.
-GPU_DEFAULT_STEPS = 2
+GPU_DEFAULT_STEPS = 2  # A GPU run's default window (cheap: a few steps' kernels).
 
 
 def window(profile: Any, warmup_steps: int, total_steps: int,
@@ -47,19 +44,16 @@ def window(profile: Any, warmup_steps: int, total_steps: int,
 
 
 class ProfileWindow(keras.callbacks.Callback):
-  """Traces global steps first..last with the TensorFlow profiler.
-
-  `step()` is the global step being run (1-based, the run's one step counter);
-  `marker(step)` is a context manager marking the step in the trace.
-  """
+  """Traces global steps first..last with the TensorFlow profiler. `step()` is the
+  global step being run (1-based, the run's one step counter); `marker(step)` is a
+  context manager marking the step in the trace."""
 
   def __init__(self, logdir: str, first: int, last: int, step: Callable[[], int],
                marker: Callable[[int], Any]):
     super().__init__()
     self.logdir, self.first, self.last = logdir, first, last
     self.current, self.marker = step, marker
-    self._active = False
-    self._marker = None
+    self._active, self._marker = False, None
 
   @property
   def step(self) -> int:
@@ -77,21 +71,18 @@ class ProfileWindow(keras.callbacks.Callback):
       self._marker.__enter__()
 
   def on_train_batch_end(self, batch, logs=None):
-    if self._marker is not None:
-      self._marker.__exit__(None, None, None)
-      self._marker = None
-    if self.step == self.last:
-      self.close()
+    self.close(stop=self.step == self.last)
 
   def on_train_end(self, logs=None):
     self.close()
 
-  def close(self) -> None:
-    """Stops the profiler and writes the trace, if it is running."""
+  def close(self, stop: bool = True) -> None:
+    """Ends the step's marker; `stop`: stops the profiler and writes the trace, if it
+    is running."""
     if self._marker is not None:
       self._marker.__exit__(None, None, None)
       self._marker = None
-    if self._active:
+    if stop and self._active:
       self._active = False
       try:
         tf.profiler.experimental.stop()

@@ -56,22 +56,16 @@ def timed(families: list[str], dtypes: list[str]) -> dict[str, float]:
   return found
 
 
-def _key(families: list[str], dtypes: list[str]) -> dict:
-  cpu = isa.detect()
-  return {"model": "kernels:" + "+".join(sorted(families)), "dtypes": dtypes,
-          **cost_lib.machine_key(None, cpu)}
-
-
 def note(rewrite_on: bool, families: list[str], dtype: str) -> OnednnChoice | None:
   """Where TF leaves the rewrite off on this CPU and this process has it off: what it
   measured for these op families (cached, or measured now), as the run's choice
   record with its line; None elsewhere (nothing a script could gain)."""
   default, because = hardware.onednn_default(hardware.cpu_flags())
-  env = os.environ.get(VAR)
-  if rewrite_on or default is not False or env is not None:
+  if rewrite_on or default is not False or os.environ.get(VAR) is not None:
     return None
   dtypes = list(dict.fromkeys(["float32", dtype]))
-  key = _key(families, dtypes)
+  key = {"model": "kernels:" + "+".join(sorted(families)), "dtypes": dtypes,
+         **cost_lib.machine_key(None, isa.detect())}
   found = keyed.cached("onednn", key, cost_lib.read_choice)
   if found is None:
     found = _measured(families, dtypes, because)

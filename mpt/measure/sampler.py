@@ -36,13 +36,9 @@ def _handles(nvml: Any, visible: str | None) -> list:
   fastest first, which differs only on a machine of mixed GPUs). `visible` None: all."""
   if visible is None:
     return [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
-  handles = []
-  for entry in (e.strip() for e in visible.split(",")):
-    if not entry:
-      continue
-    handles.append(nvml.nvmlDeviceGetHandleByIndex(int(entry)) if entry.isdigit()
-                   else nvml.nvmlDeviceGetHandleByUUID(entry))
-  return handles
+  return [nvml.nvmlDeviceGetHandleByIndex(int(e)) if e.isdigit()
+          else nvml.nvmlDeviceGetHandleByUUID(e)
+          for e in (e.strip() for e in visible.split(",")) if e]
 
 
 def _open_nvml(nvml: Any | None,

@@ -41,7 +41,7 @@ def round_to(q: Fraction, fmt: str) -> Fraction | float:
   """q rounded to the nearest `fmt` value, ties to even; +-inf on overflow."""
   if q == 0:
     return Fraction(0)
-  _, _, emax = FORMATS[fmt]
+  p, _, emax = FORMATS[fmt]
   step = ulp(q, fmt)
   m = q / step
   n = math.floor(m)
@@ -49,7 +49,6 @@ def round_to(q: Fraction, fmt: str) -> Fraction | float:
   if rest > Fraction(1, 2) or (rest == Fraction(1, 2) and n % 2):
     n += 1
   r = n * step
-  p = FORMATS[fmt][0]
   largest = (2 - Fraction(2) ** (1 - p)) * Fraction(2) ** emax
   if abs(r) > largest:
     return math.copysign(math.inf, q)
@@ -59,8 +58,7 @@ def round_to(q: Fraction, fmt: str) -> Fraction | float:
 def ulps_off(result, exact: Fraction, fmt: str) -> float:
   if isinstance(result, float):  # overflowed
     return math.inf
-  return float(abs(result - exact) / ulp(exact, fmt)) if exact else \
-      float(abs(result) / ulp(Fraction(0), fmt))
+  return float(abs(result - exact) / ulp(exact, fmt))
 
 
 def fused(a, b, c, fmt):

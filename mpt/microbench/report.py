@@ -1,8 +1,6 @@
 """The microbenchmark's outputs: the printed report (with a second interpreter's column
 and the ratio under `--compare_python`, and each peak estimate's verdict against the
-best rate measured: mpt/machine/ceilings.py) and TensorBoard scalars and text. (The
-per-machine cache that training runs read their measured GFLOP/s from is
-mpt/machine/rates.py.)
+best rate measured: mpt/machine/ceilings.py) and TensorBoard scalars and text.
 """
 
 import json
@@ -16,16 +14,24 @@ from mpt.machine import kernels
 from mpt.machine import ceilings
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+# The measurement under `--compare_python`'s interpreter, as one `MPT-RESULT {json}`
+# line; it needs only TensorFlow and numpy there (no absl).
+CHILD = r"""
+import json, sys
+from mpt.microbench import run
+found = run.measure(**json.loads(sys.argv[1]), kernel_table=False)
+print("MPT-RESULT " + json.dumps(found), flush=True)
+"""
 
 
 def run_other(python: str, sizes, dtypes, quick: bool) -> dict[str, Any]:
   """The same measurement under interpreter `python` (mpt from this checkout), without
   the kernel table (this interpreter's is the one training runs read)."""
-  args = json.dumps({"sizes": sizes, "dtypes": dtypes, "quick": quick, "kernels": False})
+  args = json.dumps({"sizes": sizes, "dtypes": dtypes, "quick": quick})
   env = {**os.environ, "PYTHONPATH": os.pathsep.join(
       [str(ROOT)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))}
-  proc = subprocess.run([python, "-m", "mpt.microbench", args], capture_output=True,
-                        text=True, env=env, cwd=ROOT)
+  proc = subprocess.run([python, "-c", CHILD, args], capture_output=True, text=True,
+                        env=env, cwd=ROOT)
   line = next((l for l in proc.stdout.splitlines() if l.startswith("MPT-RESULT ")), None)
   if proc.returncode or line is None:
     last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
@@ -43,11 +49,9 @@ def _key(row) -> tuple:
 
 
 def _peak_lines(r: dict[str, Any]) -> list[str]:
-  """Each dtype's estimate with its verdict in words, and the measured ceilings.
-
-  Results recorded before ceilings existed get them computed here. With a GPU the
-  verdict is on the GPU's data sheet (TensorFlow's ops ran there), not the CPU peak.
-  """
+  """Each dtype's estimate with its verdict in words, and the measured ceilings. Results
+  recorded before ceilings existed get them computed here. With a GPU the verdict is on
+  the GPU's data sheet (TensorFlow's ops ran there), not the CPU peak."""
   found = r.get("ceilings") or ceilings.ceilings(r)
   lines = []
   for d in list(r["peak"]) + [d for d in found if d not in r["peak"]]:
@@ -76,11 +80,11 @@ def _machine_lines(r: dict[str, Any], bar: str) -> list[str]:
     lines.append(f"GPU: {gpu['name']}, compute capability {gpu['compute_capability']}, "
                  f"Tensor Cores {'yes' if gpu['tensor_cores'] else 'no'}")
   t = r["tensorflow"]
-  build = t.get("build", {})
-  lines += [f"TensorFlow {t.get('tf_version')}: CUDA build {build.get('is_cuda_build')}, "
-            f"oneDNN {'on' if t['onednn'] else 'off'} (ISA: {t['onednn_isa']}); "
-            f"not compiled to use in other operations: "
-            f"{' '.join(t['not_compiled_for']) or 'none reported'}"]
+  lines.append(f"TensorFlow {t.get('tf_version')}: CUDA build "
+               f"{t.get('build', {}).get('is_cuda_build')}, "
+               f"oneDNN {'on' if t['onednn'] else 'off'} (ISA: {t['onednn_isa']}); "
+               f"not compiled to use in other operations: "
+               f"{' '.join(t['not_compiled_for']) or 'none reported'}")
   for op, prims in t["onednn_dispatch"].items():
     lines.append(f"  oneDNN for {op}: {'; '.join(prims) or 'not oneDNN (Eigen kernel)'}")
   if r.get("kernels"):
@@ -138,11 +142,9 @@ def format_report(r: dict[str, Any], other: dict[str, Any] | None = None,
                   markdown: bool = False) -> str:
   """The whole report as text (or Markdown for TensorBoard)."""
   bar = "" if markdown else "\n"
-  lines = _machine_lines(r, bar)
-  lines.append(bar + "Peak (theoretical), judged by the best rate measured:")
-  lines += _peak_lines(r)
-  lines += _accuracy_lines(r, bar) + _rate_lines(r, other, bar)
-  text = "\n".join(lines)
+  text = "\n".join(_machine_lines(r, bar) + [
+      bar + "Peak (theoretical), judged by the best rate measured:"] + _peak_lines(r) +
+      _accuracy_lines(r, bar) + _rate_lines(r, other, bar))
   return f"```\n{text}\n```" if markdown else text
 
 

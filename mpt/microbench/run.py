@@ -14,6 +14,7 @@ scalars/text in a run folder, and cached per machine (mpt/machine/rates.py) so t
 training runs can compare their FLOP rate with the measured one.
 """
 
+import os
 import sys
 import time
 from typing import Any
@@ -131,19 +132,20 @@ def run(cfg: config.Config, opts: options_lib.MicrobenchOptions) -> dict[str, An
   dtypes = parse_dtypes(opts.microbench_dtypes, "microbench_dtypes",
                         throughput.GEMM_DTYPES)
   rundir.check_root(cfg)
-  other = None
-  if opts.compare_python:  # First: an interpreter without TF is said before the
-    from mpt.microbench import tfbuild  # minutes of measuring here, not after them.
-    tfbuild.check_python(opts.compare_python)
-    print(f"mpt: measuring under {opts.compare_python} first", flush=True)
-    other = report.run_other(opts.compare_python, sizes, dtypes, opts.quick)
+  other, python = None, opts.compare_python
+  if python:  # First: an interpreter without TF is said before the minutes of
+    # measuring here, not after them (one that is no executable file, at once).
+    if not os.path.isfile(python) or not os.access(python, os.X_OK):
+      raise UserError(f"--compare_python={python!r} is not an executable file")
+    print(f"mpt: measuring under {python} first", flush=True)
+    other = report.run_other(python, sizes, dtypes, opts.quick)
     print(f"mpt: now under this interpreter (TF {other['tensorflow'].get('tf_version')}"
           " there)", flush=True)
   results = measure(sizes, dtypes, opts.quick)
   run_dir = rundir.create(cfg, "microbench")
   summary = {"status": "completed", "run_dir": str(run_dir), **results}
   if other:
-    summary["compare"] = {"python": opts.compare_python, "results": other}
+    summary["compare"] = {"python": python, "results": other}
   print(report.format_report(results, other), flush=True)
   files.write_json(run_dir / "microbench.json", summary)
   drawn = report.write_events(run_dir, results, other)

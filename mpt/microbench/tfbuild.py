@@ -14,7 +14,6 @@ import os
 import re
 import subprocess
 
-from mpt.errors import UserError
 from mpt.machine import onednn
 
 PROBE = r"""
@@ -34,13 +33,6 @@ print("MPT-INFO " + json.dumps({"tf_version": tf.__version__,
                                 "python": sys.version.split()[0],
                                 "build": dict(tf.sysconfig.get_build_info())}))
 """
-
-
-def check_python(python: str) -> None:
-  """UserError unless `python` is an executable file (whether it runs TensorFlow, the
-  measurement under it says: mpt/microbench/report.py's run_other)."""
-  if not os.path.isfile(python) or not os.access(python, os.X_OK):
-    raise UserError(f"--compare_python={python!r} is not an executable file")
 
 
 def parse(stdout: str, stderr: str) -> dict:

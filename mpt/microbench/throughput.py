@@ -35,27 +35,17 @@ def time_op(fn: Callable[[], object], min_time: float = 0.3,
   return statistics.median(times)
 
 
-def _numpy_dtype(name: str):
-  if name == "bfloat16":
-    import ml_dtypes  # TensorFlow's own dependency: numpy's bfloat16.
-    return ml_dtypes.bfloat16
-  return np.dtype(name)
-
-
 def simd(n: int, dtypes=SIMD_DTYPES, min_time: float = 0.2) -> list[dict]:
-  """a+b and a*b over n-element arrays, per dtype, in TensorFlow and numpy.
-
-  elements/s shows the lanes a SIMD register holds (narrower types: more lanes);
-  bytes/s (two inputs read, one output written) shows where memory bandwidth caps it.
-  """
+  """a+b and a*b over n-element arrays, per dtype, in TensorFlow and numpy. elements/s
+  shows the lanes a SIMD register holds (narrower types: more lanes); bytes/s (two
+  inputs read, one output written) shows where memory bandwidth caps it."""
   rows = []
   rng = np.random.default_rng(0)
   for name in dtypes:
     base = rng.integers(1, 100, n) if name.startswith("int") else rng.uniform(1, 2, n)
-    a = base.astype(_numpy_dtype(name))
+    a = base.astype(tf.as_dtype(name).as_numpy_dtype)  # bfloat16: ml_dtypes' (TF's).
     b = a[::-1].copy()
     ta, tb = tf.constant(a), tf.constant(b)
-    itemsize = a.itemsize
     for op, tf_op, np_op in (("add", tf.add, np.add), ("mul", tf.multiply, np.multiply)):
       cases = {"tensorflow": lambda: (tf_op(ta, tb), _sync()),
                "numpy": lambda: np_op(a, b)}
@@ -63,17 +53,15 @@ def simd(n: int, dtypes=SIMD_DTYPES, min_time: float = 0.2) -> list[dict]:
         seconds = time_op(fn, min_time)
         rows.append({"op": f"elementwise_{op}", "lib": lib, "dtype": name, "size": n,
                      "seconds": seconds, "elements_per_s": n / seconds,
-                     "bytes_per_s": 3 * n * itemsize / seconds})
+                     "bytes_per_s": 3 * n * a.itemsize / seconds})
   return rows
 
 
 def matmul(sizes, dtypes=GEMM_DTYPES, min_time: float = 0.3,
            slow_s: float = 2.0) -> list[dict]:
   """n x n @ n x n GFLOP/s per dtype in TensorFlow (numpy float32 as a second opinion).
-
-  A dtype whose call takes over `slow_s` seconds skips its larger sizes (they are
-  listed with `skipped`), so that emulated 16-bit math cannot stall the run.
-  """
+  A dtype whose call takes over `slow_s` seconds skips its larger sizes (they are listed
+  with `skipped`), so that emulated 16-bit math cannot stall the run."""
   rows = []
   cases = [("tensorflow", d) for d in dtypes] + [("numpy", "float32")]
   for lib, name in cases:
@@ -85,8 +73,7 @@ def matmul(sizes, dtypes=GEMM_DTYPES, min_time: float = 0.3,
         rows.append({**row, "gflops": None, "skipped": too_slow})
         continue
       if lib == "tensorflow":
-        x = tf.random.stateless_uniform((n, n), seed=(1, n), dtype=tf.float32)
-        x = tf.cast(x, name)
+        x = tf.cast(tf.random.stateless_uniform((n, n), seed=(1, n)), name)
         fn = lambda: (tf.linalg.matmul(x, x), _sync())
       else:
         x = np.random.default_rng(n).random((n, n), dtype=np.float32)

@@ -35,11 +35,9 @@ _REGISTRY: dict[str, Builder] = {}
 
 
 def register(builder: Builder) -> Builder:
-  """Adds `builder` to the registry under its function name.
-
-  A second builder under a taken name is a mistake (two modules defining the same
-  variant, or a copied function not renamed): it would silently replace the first.
-  """
+  """Adds `builder` to the registry under its function name. A second builder under a
+  taken name is a mistake (two modules defining the same variant, or a copied function
+  not renamed): it would silently replace the first."""
   taken = _REGISTRY.get(builder.__name__)
   if taken is not None and taken is not builder:
     raise ValueError(f"a model named {builder.__name__!r} is already registered "
@@ -55,7 +53,7 @@ def names() -> list[str]:
 def get(name: str) -> Builder:
   """The builder registered as `name`, or a user's / keras.applications builder for a
   `module:function` / `keras:NAME` name (models/external.py); UserError if none."""
-  if external.is_external(name):
+  if ":" in name:  # `keras:NAME` or `package.module:function`.
     return external.resolve(name)
   if name not in _REGISTRY:
     raise UserError(modelnames.unknown(name, names()))
@@ -69,11 +67,9 @@ RUN_OPTIONS = ("bn_momentum", "bn_synchronized")
 
 def build(name: str, input_shape: tuple[int, int, int], num_classes: int,
           run_options: dict | None = None, **options) -> keras.Model:
-  """Builds variant `name` under the current global dtype policy.
-
-  `options` are the user's and must all be accepted; `run_options` (RUN_OPTIONS,
-  set by mpt from its flags) go only to builders that declare them.
-  """
+  """Builds variant `name` under the current global dtype policy. `options` are the
+  user's and must all be accepted; `run_options` (RUN_OPTIONS, set by mpt from its
+  flags) go only to builders that declare them."""
   builder = get(name)
   accepted = [p for p in inspect.signature(builder).parameters
               if p not in ("input_shape", "num_classes")]
@@ -84,7 +80,7 @@ def build(name: str, input_shape: tuple[int, int, int], num_classes: int,
     raise UserError(f"model {name!r} has no option {unknown[0]!r}; accepted: "
                     f"{', '.join(accepted) or 'none'}")
   model = builder(input_shape, num_classes, **options)
-  if not external.is_external(name):
+  if ":" not in name:
     return model
   return external.float32_output(external.checked(name, model, input_shape, num_classes),
                                  getattr(builder, "logits", False))

@@ -8,28 +8,31 @@ from mpt.models import classifier_head
 from mpt.models import register
 
 
-def _bn(x, momentum: float, synchronized: bool, name: str | None = None):
-  return keras.layers.BatchNormalization(momentum=momentum, synchronized=synchronized,
-                                         name=name)(x)
+def _bn(momentum: float, synchronized: bool):
+  """(tensor, name) -> the tensor through a BatchNormalization with the run's options."""
+  return lambda x, name: keras.layers.BatchNormalization(
+      momentum=momentum, synchronized=synchronized, name=name)(x)
+
+
+def _seed_convs(x, bn):
+  """The seed convnet's body: three strided convs, each with BatchNorm, then GAP."""
+  for i, (filters, kernel) in enumerate(((32, 5), (64, 7), (128, 11)), start=1):
+    x = keras.layers.Conv2D(filters, kernel, strides=2, padding="same",
+                            activation="relu", name=f"conv{i}")(x)
+    x = bn(x, f"bn{i}")
+  return keras.layers.GlobalAveragePooling2D(name="gap")(x)
 
 
 @register
 def seed_convnet(input_shape, num_classes, *, bn_momentum: float = 0.9,
                  bn_synchronized: bool = False) -> keras.Model:
   """The seed experiment's convnet: three strided convs with BatchNorm, GAP, dense.
-
   Filters are multiples of 8 as the TF guide asks; the first conv still sees 3 input
   channels. Keras' BatchNorm default momentum is 0.99 (the seed's); mpt defaults to 0.9
-  so that short runs validate with settled moving statistics. `bn_synchronized`:
-  batch statistics over all replicas (mpt sets it under a multi-replica strategy).
-  """
+  so that short runs validate with settled moving statistics. `bn_synchronized`: batch
+  statistics over all replicas (mpt sets it under a multi-replica strategy)."""
   inputs = keras.Input(input_shape, name="image")
-  x = inputs
-  for i, (filters, kernel) in enumerate(((32, 5), (64, 7), (128, 11)), start=1):
-    x = keras.layers.Conv2D(filters, kernel, strides=2, padding="same",
-                            activation="relu", name=f"conv{i}")(x)
-    x = _bn(x, bn_momentum, bn_synchronized, name=f"bn{i}")
-  x = keras.layers.GlobalAveragePooling2D(name="gap")(x)
+  x = _seed_convs(inputs, _bn(bn_momentum, bn_synchronized))
   return keras.Model(inputs, classifier_head(x, num_classes), name="seed_convnet")
 
 
@@ -54,19 +57,13 @@ class PadChannels(keras.layers.Layer):
 @register
 def seed_convnet_aligned(input_shape, num_classes, *, bn_momentum: float = 0.9,
                          bn_synchronized: bool = False) -> keras.Model:
-  """The seed convnet with the alignment rules applied, to measure what they buy.
-
-  The image's 3 channels are zero-padded to 8 (the first conv's input dimension is
-  then a multiple of 8; the extra weights see zeros and stay out of the result), and
-  the logits layer has 16 units of which the first `num_classes` are used.
-  """
+  """The seed convnet with the alignment rules applied, to measure what they buy. The
+  image's 3 channels are zero-padded to 8 (the first conv's input dimension is then a
+  multiple of 8; the extra weights see zeros and stay out of the result), and the logits
+  layer has 16 units of which the first `num_classes` are used."""
   inputs = keras.Input(input_shape, name="image")
-  x = PadChannels(8, name="pad_channels")(inputs)
-  for i, (filters, kernel) in enumerate(((32, 5), (64, 7), (128, 11)), start=1):
-    x = keras.layers.Conv2D(filters, kernel, strides=2, padding="same",
-                            activation="relu", name=f"conv{i}")(x)
-    x = _bn(x, bn_momentum, bn_synchronized, name=f"bn{i}")
-  x = keras.layers.GlobalAveragePooling2D(name="gap")(x)
+  x = _seed_convs(PadChannels(8, name="pad_channels")(inputs),
+                 _bn(bn_momentum, bn_synchronized))
   padded = -(-num_classes // 8) * 8
   x = keras.layers.Dense(padded, name="logits")(x)
   x = keras.layers.Lambda(lambda t: t[:, :num_classes], name="take_classes")(x)
@@ -88,7 +85,7 @@ def resnet(input_shape, num_classes, *, depth: int = 18, width: int = 64,
                     f"{', '.join(map(str, _RESNET_BLOCKS))}")
   conv = lambda f, k, s, name: keras.layers.Conv2D(f, k, strides=s, padding="same",
                                                    use_bias=False, name=name)
-  bn = lambda t, name: _bn(t, bn_momentum, bn_synchronized, name)
+  bn = _bn(bn_momentum, bn_synchronized)
   inputs = keras.Input(input_shape, name="image")
   x = keras.layers.ReLU()(bn(conv(width, 7, 2, "stem_conv")(inputs), "stem_bn"))
   x = keras.layers.MaxPooling2D(3, 2, padding="same", name="stem_pool")(x)
@@ -113,7 +110,7 @@ def mobilenet(input_shape, num_classes, *, alpha: float = 1.0,
               bn_momentum: float = 0.9, bn_synchronized: bool = False) -> keras.Model:
   """MobileNet v1: depthwise-separable convolutions (width multiplier `alpha`), a known
   weak spot for 16-bit kernels (depthwise convs have little arithmetic per byte)."""
-  bn = lambda t, name: _bn(t, bn_momentum, bn_synchronized, name)
+  bn = _bn(bn_momentum, bn_synchronized)
   channels = lambda c: max(8, int(c * alpha) // 8 * 8)  # multiples of 8
   inputs = keras.Input(input_shape, name="image")
   x = keras.layers.Conv2D(channels(32), 3, strides=2, padding="same", use_bias=False,

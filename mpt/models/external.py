@@ -30,10 +30,6 @@ _SET_BY_MPT = ("include_top", "weights", "input_tensor", "input_shape", "pooling
                "classes", "classifier_activation", "name")
 
 
-def is_external(name: str) -> bool:
-  return ":" in name
-
-
 def resolve(name: str):
   """The builder `name` (`keras:NAME` or `package.module:function`) stands for."""
   if name.startswith("keras:"):
@@ -57,17 +53,14 @@ def resolve(name: str):
   return builder
 
 
-def application_names() -> list[str]:
-  return sorted(n for n, v in vars(keras.applications).items()
-                if n[:1].isupper() and callable(v))
-
-
 def keras_application(app_name: str):
   """A builder for keras.applications.`app_name`, untrained, with its own options."""
   app = getattr(keras.applications, app_name, None)
-  if app_name not in application_names():
+  names = sorted(n for n, v in vars(keras.applications).items()
+                 if n[:1].isupper() and callable(v))
+  if app_name not in names:
     raise UserError(f"--model=keras:{app_name}: keras.applications has no such model; "
-                    f"valid: {', '.join(application_names())}")
+                    f"valid: {', '.join(names)}")
   params = inspect.signature(app).parameters
   options = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
              for n, p in params.items() if n not in _SET_BY_MPT]
@@ -108,7 +101,8 @@ def checked(name: str, model, input_shape: tuple, num_classes: int) -> keras.Mod
       what = "an unbuilt" if not model.built else "a"
       raise UserError(f"--model={name!r} returned {what} subclassed model that cannot "
                       f"be called on a batch of shape {(None, *input_shape)}: "
-                      f"{type(e).__name__}: {_first_line(e)}") from None
+                      f"{type(e).__name__}: "
+                      f"{(str(e).strip().splitlines() or [''])[0][:300]}") from None
     model = keras.Model(inputs, outputs, name=model.name) if _one_tensor(outputs) \
         else model
   if not _one_tensor(outputs):
@@ -134,10 +128,6 @@ def _describe(outputs) -> str:
   if isinstance(outputs, (list, tuple)):
     return f"a {type(outputs).__name__} of {len(outputs)}"
   return type(outputs).__name__
-
-
-def _first_line(e: Exception) -> str:
-  return (str(e).strip().splitlines() or [""])[0][:300]
 
 
 def float32_output(model: keras.Model, logits: bool) -> keras.Model:

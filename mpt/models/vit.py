@@ -26,10 +26,8 @@ class PositionEmbedding(keras.layers.Layer):
 
 
 class Attention(keras.layers.Layer):
-  """Multi-head scaled dot-product attention over precomputed q, k, v (B, T, D).
-
-  Scores are computed in the compute dtype; the softmax runs in float32.
-  """
+  """Multi-head scaled dot-product attention over precomputed q, k, v (B, T, D). Scores
+  are computed in the compute dtype; the softmax runs in float32."""
 
   def __init__(self, heads: int, **kwargs):
     super().__init__(**kwargs)

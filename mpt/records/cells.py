@@ -2,14 +2,14 @@
 
 `Cell` is the one owner of the file's rows: its fields are the CSV columns in file
 order, `from_row()` is the only parser of a row (how a cell's XLA setting or a missing
-figure is spelled in the file is decided here, once) and `to_row()` the only writer.
+figure is spelled in the file is decided here, once: mpt/records/csvrow.py) and
+`to_row()` the only writer.
 The sweep appends a row as each cell finishes (`append_csv`); the sweep's report and
 the sweep's diagnosis read them back (`read_csv`). A cell run again appends another
 row: readers see the newest row of each cell. A finished cell's figures come from its
 run's summary.json (`figures_from_summary`), read through mpt/records/summary.py.
 """
 
-import csv
 import dataclasses
 import pathlib
 from typing import Any
@@ -19,7 +19,7 @@ from mpt.records import summary as summary_lib
 
 
 @dataclasses.dataclass
-class Cell:
+class Cell(csvrow.CsvRow):
   """One sweep cell: what ran (the axes), how it ended, its figures, where."""
   model: str = ""
   image_size: int = 0
@@ -80,11 +80,6 @@ class Cell:
     """ms/step of a cell that finished; None for any other (an OOM has no figure)."""
     return self.ms_per_step if self.status == "ok" else None
 
-  @classmethod
-  def from_row(cls, row: dict[str, str]) -> "Cell":
-    """A CSV row (strings; a missing or empty column takes the default)."""
-    return csvrow.parse(cls, row)
-
   def to_row(self) -> dict[str, str]:
     """The CSV row: str() of each value (bools True/False), None as empty."""
     return {k: "" if v is None else str(v) for k, v in dataclasses.asdict(self).items()}
@@ -96,40 +91,21 @@ COLUMNS = tuple(f.name for f in dataclasses.fields(Cell))
 def read_csv(path: pathlib.Path) -> list[Cell]:
   """sweep.csv's cells, the newest row of each, in the order the cells first appear;
   [] if there is no file yet."""
-  if not path.exists():
-    return []
-  with path.open(newline="") as f:
-    latest: dict[str, Cell] = {}
-    for row in csv.DictReader(f):
-      cell = Cell.from_row(row)
-      latest[cell.id] = cell
-    return list(latest.values())
+  return list({cell.id: cell for cell in csvrow.read(path, Cell)}.values())
 
 
 def append_csv(path: pathlib.Path, cell: Cell) -> None:
-  """Appends the cell's row (the header first, into a new file), flushed at once: a
+  """Appends the cell's row (the header first, into a new file), written at once: a
   sweep stopped later keeps it. A file an older mpt began keeps its own columns (a
   sweep resumed there loses the newer ones rather than write ragged rows)."""
-  new = not path.exists() or path.stat().st_size == 0
-  columns = COLUMNS
-  if not new:
-    with path.open(newline="") as f:
-      columns = tuple(next(csv.reader(f)))
-  with path.open("a", newline="") as f:
-    writer = csv.DictWriter(f, columns, extrasaction="ignore")
-    if new:
-      writer.writeheader()
-    writer.writerow(cell.to_row())
-    f.flush()
+  csvrow.append(path, cell.to_row(), COLUMNS, "\r\n")  # csv's own line end, as ever.
 
 
 def figures_from_summary(path: pathlib.Path) -> dict[str, Any]:
   """A finished cell's figures, from its run's summary.json (Cell fields)."""
   s = summary_lib.read(path)
   rss, cpu = (s.util.rss_mb, s.util.process_cpu_percent) if s.util else (None, None)
-  return {"ms_per_step": s.ms_per_step, "images_per_sec": s.images_per_sec,
-          "val_accuracy": s.val_accuracy, "train_loss": s.train_loss,
-          "train_accuracy": s.train_accuracy, "val_loss": s.val_loss,
-          "device": s.device or "",
-          "peak_rss_mb": rss.max if rss else None,
+  return {**{k: getattr(s, k) for k in ("ms_per_step", "images_per_sec", "val_accuracy",
+                                         "train_loss", "train_accuracy", "val_loss")},
+          "device": s.device or "", "peak_rss_mb": rss.max if rss else None,
           "cpu_percent": cpu.mean if cpu else None}

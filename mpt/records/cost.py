@@ -67,7 +67,6 @@ class PolicyCost:
   # figures (said in the diagnosis); and the figure as timed. None: as timed.
   from_run: str | None = None
   timed_ms: float | None = None
-
   # Not timed because measuring it would pass the share of a run of this many planned
   # steps (mpt/train/before_step1/cost.py); None: not skipped so.
   skipped_at: int | None = None
@@ -149,7 +148,6 @@ class OnednnChoice(typed.Record):
   key: dict[str, Any] = dataclasses.field(default_factory=dict)
   source: str = "measured"
 
-
   def label(self) -> str:
     return "unknown" if self.on is None else "on" if self.on else "off"
 
@@ -227,10 +225,6 @@ def machine_key(onednn: bool | None, cpu) -> dict[str, Any]:
           "tf_version": files.tf_version(), "onednn": onednn}
 
 
-def cache_path(key: dict[str, Any]) -> pathlib.Path:
-  return keyed.path("cost", key)
-
-
 def read(path: pathlib.Path) -> Cost:
   """A cost.json; ValueError/OSError if it is not one of this schema."""
   return keyed.read(path, SCHEMA, "cost", Cost.from_dict)
@@ -248,10 +242,7 @@ def save(cost: Cost) -> pathlib.Path | None:
 
 def read_choice(path: pathlib.Path) -> OnednnChoice:
   """A choice `write` wrote; ValueError/OSError/TypeError if it is not one."""
-  data = json.loads(pathlib.Path(path).read_text())
-  if not isinstance(data, dict):
-    raise ValueError(f"{path}: not a oneDNN choice")
-  return OnednnChoice.from_dict(data)
+  return OnednnChoice.from_dict(json.loads(pathlib.Path(path).read_text()))
 
 
 def write(path: pathlib.Path, obj: Cost | OnednnChoice) -> None:

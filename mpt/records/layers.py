@@ -63,7 +63,6 @@ class LayerCosts(typed.Record):
   source: str = "measured"
   schema: int = SCHEMA
 
-
   def classes(self) -> list[str]:
     return list(dict.fromkeys(r.cls for r in self.rows))
 

@@ -15,8 +15,9 @@ This module is the record's one reader and writer, and holds float16's limits.
 """
 
 import dataclasses
-import re
+import functools
 import json
+import re
 import math
 import pathlib
 
@@ -26,7 +27,6 @@ from mpt.records import typed
 SCHEMA = 1
 FILE = "numerics.json"
 F16_MAX = 65504.0  # float16's largest finite value.
-F16_MIN_NORMAL = 2.0**-14  # Below it float16 keeps fewer mantissa bits (subnormal).
 F16_MIN_SUBNORMAL = 2.0**-24  # Below it float16 rounds to zero (half of it, exactly).
 # The loss scale mixed_float16 starts at (Keras 3 LossScaleOptimizer, dynamic).
 DYNAMIC_START = 2.0**15
@@ -70,21 +70,9 @@ class Values:
     top = math.floor(math.log2(limit) - math.log2(scale)) - 1
     return sum(n * 2.0 ** int(e) for e, n in self.hist.items() if int(e) <= top) / total
 
-  def share_above(self, limit: float, scale: float = 1.0) -> float:
-    """The share of all elements whose |v| * scale > limit (non-finite included),
-    to the bin: a bin counts when its lower edge times the scale reaches 2^16."""
-    if not self.count:
-      return 0.0
-    if scale == 1.0:
-      return self.overflow_share()
-    low = math.ceil(math.log2(limit) - math.log2(scale))
-    return (self.nonfinite + sum(n for e, n in self.hist.items() if int(e) >= low)) \
-        / self.count
-
   def merge(self, other: "Values") -> "Values":
-    hist = dict(self.hist)
-    for e, n in other.hist.items():
-      hist[e] = hist.get(e, 0) + n
+    hist = {e: self.hist.get(e, 0) + other.hist.get(e, 0)
+            for e in {**self.hist, **other.hist}}
     mins = [m for m in (self.min_nonzero, other.min_nonzero) if m is not None]
     return Values(self.count + other.count, self.zeros + other.zeros,
                   self.nonfinite + other.nonfinite, self.overflow + other.overflow,
@@ -162,7 +150,6 @@ class Numerics(typed.Record):
   seconds: float = 0.0
   schema: int = SCHEMA
 
-
   def layers(self) -> dict[str, list[LayerNumerics]]:
     """Each layer's rows over the samples, in call order."""
     found: dict[str, list[LayerNumerics]] = {}
@@ -226,7 +213,6 @@ class Worst:
   grad_max: float | None
   under_1: float | None  # Share of its nonzero gradients below 2^-24 at scale 1.
   under_scaled: float | None  # ... at the loss scale judged (Numerics.scale()).
-  over_scaled: float | None  # Share of its gradients above 65504 at that scale.
   lost_scaled: float | None  # Share of its gradients' magnitude below 2^-24 there.
   bf16_error: float | None
   reduction: bool
@@ -262,9 +248,7 @@ def worst(found: Numerics) -> list[Worst]:
   rows = []
   for name, seen in found.layers().items():
     grads = [r.grad for r in seen if r.grad is not None]
-    grad = grads[0] if grads else None
-    for g in grads[1:]:
-      grad = grad.merge(g)
+    grad = functools.reduce(Values.merge, grads) if grads else None
     errors = [r.bf16_error for r in seen if r.bf16_error is not None]
     inside = [r for r in seen if r.inside is not None]
     top = max(inside, key=lambda r: r.inside.max) if inside else None
@@ -274,7 +258,6 @@ def worst(found: Numerics) -> list[Worst]:
         grad.max if grad else None,
         max(g.share_below(F16_MIN_SUBNORMAL) for g in grads) if grads else None,
         max(g.share_below(F16_MIN_SUBNORMAL, scale) for g in grads) if grads else None,
-        max(g.share_above(F16_MAX, scale) for g in grads) if grads else None,
         max(g.mass_below(F16_MIN_SUBNORMAL, scale) for g in grads) if grads else None,
         max(errors) if errors else None, any(r.reduction for r in seen),
         keep_scales(grad) if grad else None, seen[0].pinned, tuple(seen[0].reads),

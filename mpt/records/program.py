@@ -10,8 +10,6 @@ import dataclasses
 
 from mpt.records.cost import Cost
 
-APIS = ("mpt.callbacks", "mpt.track")
-
 
 @dataclasses.dataclass
 class OptimizerRecord:
@@ -50,7 +48,7 @@ class Program:
   """The program's run: which entry point, its fits, batch, policy, optimizers and
   inputs (per-example shapes by input name: as fed where mpt saw a batch, else as
   the model declares them)."""
-  api: str = "mpt.callbacks"
+  api: str = "mpt.callbacks"  # Or "mpt.track".
   policy: str | None = None
   batch_size: int | None = None  # The batch fed (its first).
   batch_size_given: int | None = None  # What mpt was told, where it differed.

@@ -6,19 +6,13 @@ the only writer and `read()` the only reader. Every training run appends its row
 it writes summary.json, however it ended (`record()`), so `<logdir>/runs.csv` is the
 logbook of everything run there: `column -s, -t < logs/runs.csv`, or a spreadsheet.
 
-Runs started at once share the file (a sweep's cells, runs in several shells), so a
-row is written under an exclusive `flock` on the file, as one `write` of the whole
-line (and of the header too, when the file was empty). A file written by another mpt
-version keeps its own header: a row is written in that header's column order, with a
-column this version does not have left empty.
+Runs started at once share the file (a sweep's cells, runs in several shells): a row
+is appended as mpt/records/csvrow.py appends one, under an exclusive `flock`, and a
+file written by another mpt version keeps its own header.
 """
 
-import csv
 import dataclasses
 import datetime
-import fcntl
-import io
-import os
 import pathlib
 import sys
 
@@ -29,7 +23,7 @@ FILE = "runs.csv"
 
 
 @dataclasses.dataclass
-class Row:
+class Row(csvrow.CsvRow):
   """One training run: when it ended, where, how, what ran, its headline figures."""
   time: str = ""  # When the run ended: ISO 8601, UTC, to the second.
   run_dir: str = ""
@@ -59,11 +53,6 @@ class Row:
         timespec="seconds")
     return cls(time=time, **values)
 
-  @classmethod
-  def from_row(cls, row: dict[str, str]) -> "Row":
-    """A CSV row (strings; a missing or empty column takes the default)."""
-    return csvrow.parse(cls, row)
-
   def to_row(self) -> dict[str, str]:
     """The CSV row: str() of each value, None as empty; a line break (a path could
     hold one) as a space, so that a run is always one line of the file."""
@@ -74,42 +63,13 @@ class Row:
 COLUMNS = tuple(f.name for f in dataclasses.fields(Row))
 
 
-def _line(values) -> str:
-  out = io.StringIO()
-  csv.writer(out, lineterminator="\n").writerow(values)
-  return out.getvalue()
-
-
 def append(path: pathlib.Path, row: Row) -> None:
-  """Appends `row` to the CSV at `path` (the header first into a new or empty file),
-  safely while other processes append to it too."""
-  path = pathlib.Path(path)
-  values = row.to_row()
-  fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-  try:
-    fcntl.flock(fd, fcntl.LOCK_EX)  # Released when fd is closed.
-    if os.fstat(fd).st_size == 0:
-      data = _line(COLUMNS) + _line(values[c] for c in COLUMNS)
-    else:
-      with path.open(newline="") as f:
-        header = next(csv.reader(f), None) or list(COLUMNS)
-      data = _line(values.get(c, "") for c in header)
-    data = data.encode()
-    # One write: with O_APPEND it lands at the end whole; a short one means the disk
-    # is full, an error like any other.
-    if os.write(fd, data) != len(data):
-      raise OSError(f"{path}: short write (disk full?)")
-  finally:
-    os.close(fd)
+  """Appends `row` to the CSV at `path`, as csvrow.append does."""
+  csvrow.append(path, row.to_row(), COLUMNS, "\n")
 
 
 def read(path: pathlib.Path) -> list[Row]:
-  """Every row of the file, in file order; [] if there is no file yet."""
-  path = pathlib.Path(path)
-  if not path.exists():
-    return []
-  with path.open(newline="") as f:
-    return [Row.from_row(row) for row in csv.DictReader(f)]
+  return csvrow.read(path, Row)
 
 
 def record(summary: RunSummary) -> pathlib.Path | None:

@@ -38,11 +38,6 @@ def metrics_of(run: Any) -> dict[str, float | None]:
   return {m: getattr(run, m, None) for m in METRICS}
 
 
-def window(low: float, high: float) -> tuple[float, float]:
-  width = high - low
-  return low - width, high + width
-
-
 def judge(values: dict[str, float | None],
           float32: list[dict[str, float | None]]) -> list[Judged]:
   """Each metric of `values` that float32's runs (one per seed) give MIN_SEEDS or more
@@ -53,18 +48,16 @@ def judge(values: dict[str, float | None],
     base = [b[metric] for b in float32 if b.get(metric) is not None]
     if value is None or len(base) < MIN_SEEDS:
       continue
-    low, high = window(min(base), max(base))
-    found.append(Judged(metric, value, min(base), max(base), len(base),
-                        low - EDGE <= value <= high + EDGE))
+    low, high = min(base), max(base)
+    width = high - low  # The window: float32's range widened by its width each side.
+    found.append(Judged(metric, value, low, high, len(base),
+                        low - width - EDGE <= value <= high + width + EDGE))
   return found
 
 
 def by_seed(runs: list[Any]) -> list[Any]:
   """One run per seed (the last given of each): repeats of a seed are not spread."""
-  found = {}
-  for run in runs:
-    found[getattr(run, "seed", None)] = run
-  return list(found.values())
+  return list({getattr(run, "seed", None): run for run in runs}.values())
 
 
 @dataclasses.dataclass

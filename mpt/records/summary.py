@@ -39,13 +39,11 @@ from mpt.records.program import Program
 from mpt.records.verdict import Candidate, PolicyChoice, PolicyVerdict
 
 SCHEMA_VERSION = 6
-STATUSES = ("completed", "interrupted", "diverged", "oom", "failed")
 # Two runs are the same configuration, apart from their policy and loop, when these
 # fields are equal: a float32 run so is the baseline of a 16-bit one (the diagnosis'
 # and `--mode=compare`'s speed-up vs float32).
 SAME_CONFIG = ("model", "model_opts", "image_size", "batch_size", "dataset", "strategy",
                "jit_compile", "device", "input_work", "batchnorm", "onednn")
-Stats = dict[str, Any]  # median/mean/... of a figure.
 
 
 @dataclasses.dataclass
@@ -93,7 +91,7 @@ class RunSummary:
   skipped_file_names: list[str] = dataclasses.field(default_factory=list)
   # Speed.
   ms_per_step: float | None = None
-  step_time_ms: Stats | None = None
+  step_time_ms: dict[str, Any] | None = None  # Its median, mean, ...
   timed_steps: int = 0
   data_wait_share: float | None = None
   images_per_sec: float | None = None  # None where the inputs are not images.
@@ -158,7 +156,7 @@ class RunSummary:
   util: Utilisation | None = None
   gpu_util_absent: bool | None = None
   checkpoint: str | None = None
-  checkpoint_ms: Stats | None = None
+  checkpoint_ms: dict[str, Any] | None = None  # Its median, mean, ...
   # The machine and the software.
   device: str | None = None
   hardware: Hardware | None = None  # None: written before mpt recorded it.
@@ -241,12 +239,10 @@ class RunSummary:
   def gpu_caps(self) -> list[tuple[int, int]]:
     return self.hardware.gpu_caps if self.hardware else []
 
-  def busy(self) -> tuple[float | None, str]:
-    """(busy share of the training device, what was measured), from the sampler."""
+  def busy(self) -> tuple[float | None, str]:  # Utilisation.busy, from the sampler.
     return self.util.busy(self.hardware) if self.util else (None, "")
 
-  def others(self) -> float | None:
-    """Share of all CPU cores other processes used during the run."""
+  def others(self) -> float | None:  # Utilisation.others.
     return self.util.others(self.hardware) if self.util else None
 
 
@@ -269,7 +265,25 @@ def upgrade(data: dict[str, Any]) -> dict[str, Any]:
     data["api"] = "mpt.track" if data.get("loop") == "custom" else "mpt.callbacks"
   if not data.get("hardware"):  # Versions 1-2 wrote {} when nothing was recorded.
     data.pop("hardware", None)
-  return _fold_copies(data)
+  # Versions 1-4 wrote copies beside the records they copied: folded back in (a copy a
+  # file was edited through wins, as the reader of that version would have read it).
+  # The warning is dropped: it was the verdict's text, or (before version 3) the
+  # flags' warning no reader of this version reads.
+  data.pop("slow_path_warning", None)
+  (data.get("policy_verdict") or {}).pop("step_ms", None)  # Cost's, copied (1-5).
+  state, env = data.pop("onednn", None), data.pop("tf_enable_onednn_opts", None)
+  if state in ("on", "off") or env is not None:
+    choice = dict(data.get("onednn_choice") or {"tf_default": None, "env": None})
+    if state in ("on", "off"):
+      choice["on"] = state == "on"
+    choice.setdefault("on", None)
+    choice["env"] = env if env is not None else choice.get("env")
+    data["onednn_choice"] = choice
+  rate = data.pop("microbench_gflops", None)
+  if rate is not None and data.get("compute_dtype"):
+    data["microbench_gflops_by_dtype"] = {
+        **(data.get("microbench_gflops_by_dtype") or {}), data["compute_dtype"]: rate}
+  return data
 
 
 def _from_cost(summary: RunSummary) -> RunSummary:
@@ -286,28 +300,6 @@ def _from_cost(summary: RunSummary) -> RunSummary:
     if candidate.from_cost and row and candidate.ms_per_step is None:
       candidate.timed_by(row, base)
   return summary
-
-
-def _fold_copies(data: dict[str, Any]) -> dict[str, Any]:
-  """Versions 1-4 wrote copies beside the records they copied: folded back in (a copy
-  a file was edited through wins, as the reader of that version would have read it).
-  The warning is dropped: it was the verdict's text, or (before version 3) the flags'
-  warning no reader of this version reads."""
-  data.pop("slow_path_warning", None)
-  (data.get("policy_verdict") or {}).pop("step_ms", None)  # Cost's, copied (1-5).
-  state, env = data.pop("onednn", None), data.pop("tf_enable_onednn_opts", None)
-  if state in ("on", "off") or env is not None:
-    choice = dict(data.get("onednn_choice") or {"tf_default": None, "env": None})
-    if state in ("on", "off"):
-      choice["on"] = state == "on"
-    choice.setdefault("on", None)
-    choice["env"] = env if env is not None else choice.get("env")
-    data["onednn_choice"] = choice
-  rate = data.pop("microbench_gflops", None)
-  if rate is not None and data.get("compute_dtype"):
-    data["microbench_gflops_by_dtype"] = {
-        **(data.get("microbench_gflops_by_dtype") or {}), data["compute_dtype"]: rate}
-  return data
 
 
 def same_config(a: RunSummary, b: RunSummary, but: tuple[str, ...] = ()) -> bool:

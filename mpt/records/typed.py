@@ -24,31 +24,22 @@ def _hints(cls) -> dict[str, Any]:
   return typing.get_type_hints(cls)
 
 
-def _record_type(hint) -> tuple[str, Any] | None:
-  """("one" | "list" | "dict", the dataclass) when `hint` holds a record, else None."""
-  origin, args = typing.get_origin(hint), typing.get_args(hint)
-  if dataclasses.is_dataclass(hint):
-    return "one", hint
-  if origin in (typing.Union, types.UnionType):
-    found = [_record_type(a) for a in args if a is not type(None)]
-    return found[0] if len(found) == 1 else None
-  if origin is list and args and dataclasses.is_dataclass(args[0]):
-    return "list", args[0]
-  if origin is dict and len(args) == 2 and dataclasses.is_dataclass(args[1]):
-    return "dict", args[1]
-  return None
-
-
 def _value(hint, value, unknown: list[str] | None, path: str):
-  found = _record_type(hint)
-  if found is None or value is None:
+  """`value` as `hint` reads it: a record (or `X | None`, `list[X]`, `dict[str, X]` of
+  one) built by `from_dict`; anything else as it is."""
+  origin, args = typing.get_origin(hint), typing.get_args(hint)
+  if value is None:
     return value
-  kind, cls = found
-  if kind == "one":
-    return value if isinstance(value, cls) else from_dict(cls, value, unknown, path)
-  if kind == "list":
-    return [_value(cls, v, unknown, f"{path}[{i}]") for i, v in enumerate(value)]
-  return {k: _value(cls, v, unknown, f"{path}.{k}") for k, v in value.items()}
+  if dataclasses.is_dataclass(hint):
+    return value if isinstance(value, hint) else from_dict(hint, value, unknown, path)
+  if origin in (typing.Union, types.UnionType):
+    found = [a for a in args if a is not type(None)]
+    return _value(found[0], value, unknown, path) if len(found) == 1 else value
+  if origin is list and args and dataclasses.is_dataclass(args[0]):
+    return [_value(args[0], v, unknown, f"{path}[{i}]") for i, v in enumerate(value)]
+  if origin is dict and len(args) == 2 and dataclasses.is_dataclass(args[1]):
+    return {k: _value(args[1], v, unknown, f"{path}.{k}") for k, v in value.items()}
+  return value
 
 
 def from_dict(cls: type[T], data: dict[str, Any], unknown: list[str] | None = None,

@@ -34,11 +34,10 @@ def markdown(cells: list[Cell]) -> str:
     batches = sorted({b for b, _, _ in cell})
     xla = ", XLA" if jit else ""
     on = f" on {machine}" if machine else ""  # --machines=all: a block per machine.
-    out.append(f"## {model}, {size} px{xla}{on}: ms/step\n")
     header = ["batch"] + [label(p, l) for p, l in columns] + \
         [f"{label(p, l)} time vs float32" for p, l in ratios]
-    out.append("| " + " | ".join(header) + " |")
-    out.append("|" + "---|" * len(header))
+    out += [f"## {model}, {size} px{xla}{on}: ms/step\n",
+            "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for b in batches:
       line = [str(b)]
       for p, l in columns:
@@ -125,11 +124,10 @@ def _panel(ax1, ax2, done: list[Cell], machine: str, formatter) -> None:
   for c in done:
     key = f"{c.model} {c.image_size}px {c.policy} {c.loop}"
     lines.setdefault(key, []).append((c.batch_size, c.ms, c.images_per_sec))
-  for key, points in lines.items():
-    points.sort()
-    ax1.plot([p[0] for p in points], [p[1] for p in points], "o-", label=key)
-    ax2.plot([p[0] for p in points], [p[2] for p in points], "o-", label=key)
-  for ax, ylabel in ((ax1, "ms/step"), (ax2, "images/s")):
+  for i, (ax, ylabel) in enumerate(((ax1, "ms/step"), (ax2, "images/s")), start=1):
+    for key, points in lines.items():
+      ax.plot([p[0] for p in sorted(points)], [p[i] for p in sorted(points)], "o-",
+              label=key)
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_formatter(formatter())
     ax.set_xlabel("batch size")

@@ -2,10 +2,9 @@
 GPUs (--cell_gpus) and memory, the preflight's estimate of its peak.
 
 GPUs: `auto` asks for one where the machine's nodes have GPUs (one cell per GPU at a
-time: two sharing one would spoil each other's step times), none elsewhere. A cell
-given no GPU sees none (mpt/sweep/cluster.py sets CUDA_VISIBLE_DEVICES="" for it:
-Ray 2.60 leaves every GPU visible to a task that asks for none). A cell that asks
-for more GPUs than any node of its machine has fails at once, in one line.
+time: two sharing one would spoil each other's step times), none elsewhere (a cell
+given none sees none: mpt/sweep/cluster.py). A cell that asks for more GPUs than any
+node of its machine has fails at once, in one line.
 
 Memory: a cell's own preflight estimates a step's peak for every policy before step
 1 and records it (summary.json's `memory`: a line in the batch size per policy). The

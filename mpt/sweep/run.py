@@ -92,9 +92,7 @@ def cells(cfg: config.Config, opts: SweepOptions) -> list[Cell]:
   if too_big:
     raise UserError(f"--batch_sizes: {too_big[0]} is larger than the training set "
                     f"({n_train} images)")
-  keys = list(axes)
-  return [Cell(**dict(zip(keys, values)))
-          for values in itertools.product(*axes.values())]
+  return [Cell(**dict(zip(axes, values))) for values in itertools.product(*axes.values())]
 
 
 def _dataset_size(cfg: config.Config) -> int | None:
@@ -200,10 +198,8 @@ def _write_report(out: pathlib.Path, results: list[Cell], status: str,
 def run(cfg: config.Config, opts: SweepOptions,
         after_run: AfterRun | None = None) -> dict[str, Any]:
   """`--mode=sweep`: runs the missing cells, then writes and prints the report.
-
-  `after_run(folder)`, when given, runs last on the sweep folder (mpt/main.py passes
-  the diagnosis, which a wing does not import).
-  """
+  `after_run(folder)`, when given, runs last on the sweep folder (mpt/main.py passes the
+  diagnosis, which a wing does not import)."""
   _check(cfg, opts)
   todo = cells(cfg, opts)
   out = sweep_dir(cfg, opts)

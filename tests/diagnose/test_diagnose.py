@@ -32,6 +32,7 @@ from mpt.machine import fastpath
 from mpt.machine import isa
 from mpt.records import typed
 from mpt.records.cells import Cell
+from mpt.records.cost import times
 from mpt.records.summary import RunSummary
 
 from helpers import DATA, ROOT, mpt_forked
@@ -574,12 +575,64 @@ def test_sweep_step_time_that_barely_grows_with_the_batch(ms_at_64, fires):
     assert f"batch 16 100.0 ms/step, batch 64 {ms_at_64:.1f} ms/step" in f.evidence[0]
 
 
+# How docs/diagnosis.md's table of findings states each cut-off: {the finding's row
+# (its first cell): the words that row must hold}; a new detector's row goes here
+# beside its cut-off's name in mpt/diagnose/thresholds.py.
+T = thresholds
+DOC_WORDS = {
+    "input bound": [f">= {T.INPUT_WAIT_SHARE:.0%}",
+                    f"high from {2 * T.INPUT_WAIT_SHARE:.0%}"],
+    "idle device / overhead": [f"< {T.UTILISATION:.0%}",
+                               f"data wait < {T.INPUT_WAIT_SHARE:.0%}",
+                               f"< {T.SMALL_STEP_MS:g} ms"],
+    "shared machine": [f">= {T.OTHERS_SHARE:.0%}"],
+    "misaligned shapes": [f">= {T.MISALIGNED_SHARE:.0%}"],
+    "32-bit work": [f">= {T.FLOAT32_FLOP_SHARE:.0%} of the step's FLOPs",
+                    f">= {T.FLOAT32_TIME_SHARE:.0%} of traced time"],
+    "loss-scale trouble": [f"beyond the first {T.SETTLING_SKIPS} >= "
+                           f"{T.SKIPPED_SHARE:.0%}", f"loss scale < {T.MIN_SCALE:g}"],
+    "far below the matmul rate": [f"< {T.ACHIEVED_VS_MICROBENCH:.0%}"],
+    "memory estimate": [f"more than {T.MEMORY_DISAGREEMENT:.0%}"],
+    "step time vs batch (sweeps)": ["less than half" if T.SCALING == 0.5
+                                    else f"{T.SCALING}"],
+    "slow kernel": [f">= {times(T.SLOW_KERNELS)} float32's time",
+                    f"high (and ranked first) from {times(T.HIGH_LOSS)}",
+                    "--policy=<the policy measured fastest>"],
+    "faster policy measured": [f">= {times(T.OPPORTUNITY)} faster"],
+    "no fast 16-bit path": ["only when no kernel probe was recorded",
+                            f"measured >= {times(T.HIGH_LOSS)} float32's time"],
+    "no speed-up": [f"high from {times(T.HIGH_LOSS)}",
+                    f"without one and >= {times(T.HIGH_LOSS)} slower, the policy the "
+                    "evidence favours"],
+    "oneDNN setting": [f">= {times(1 + T.ONEDNN_MARGIN)} slower than the other",
+                       f"high from {times(T.HIGH_LOSS)}"],
+    "BatchNorm cost": [f">= {T.BATCHNORM_TIME_SHARE:.0%} of traced time",
+                       "--batchnorm=fused"],
+    "GPU idle": [f"< {T.UTILISATION:.0%} of the step",
+                 f"input wait >= {T.INPUT_WAIT_SHARE:.0%}",
+                 f"host gaps (xprof's \"All others\") >= {T.HOST_GAP_SHARE:.0%}",
+                 f"input wait >= {2 * T.INPUT_WAIT_SHARE:.0%}"],
+    "Tensor Cores unused": [f"16-bit kernels < {T.SIXTEEN_BIT_RUN:.0%}",
+                            f">= {T.ELIGIBLE_SHARE:.0%} of kernel time in eligible",
+                            f"high from a {times(T.BIG_BOUND)} step bound"],
+    "Tensor Cores missed": [f">= {T.MISSED_TENSOR_CORES:.0%} of kernel time"],
+    "memory-bound GPU ops": [f">= {T.MEMORY_BOUND_SHARE:.0%} of kernel time",
+                             f"transposes >= {T.TRANSPOSE_SHARE:.0%}"],
+    "Cast ops (CPU capture)": [f">= {T.FLOAT32_TIME_SHARE:.0%} of traced op time"],
+    "gradient underflow": [f">= {T.UNDERFLOW_SHARE:.0%} of a layer's nonzero",
+                           f">= {T.UNDERFLOW_SHARE:.0%} of their summed magnitude"],
+    "loss scale room": [f">= {times(T.SCALE_FALL)} after warm-up",
+                        f">= {times(T.SCALE_HEADROOM)} below"],
+    "bfloat16 error": [f"moves >= {T.BF16_ERROR:.0%}"],
+}
+
+
 def docs_mismatches(text: str) -> list[tuple[str, str]]:
   """(finding, words) of each threshold the table of findings in docs/diagnosis.md
   does not state as the code has it."""
   rows = {line.split("|")[1].strip(): line for line in text.splitlines()
           if line.startswith("| ")}
-  return [(finding, w) for finding, words in thresholds.DOC_WORDS.items() for w in words
+  return [(finding, w) for finding, words in DOC_WORDS.items() for w in words
           if w not in rows.get(finding, "")]
 
 

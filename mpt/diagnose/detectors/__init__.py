@@ -16,15 +16,13 @@ runs, in what order, and which finding supersedes which.
                 mixed_float16's gain, memory-bound ops, a GPU waiting on the host
 
 Each rule registers itself in its module (registry.py: `@detector(name, needs=...,
-superseded_by=...)`). No detector calls another: when one finding explains what
-another would report, the other is not run (`SUPERSEDED_BY`), and each detector
-runs once per diagnosis. Pure
-functions over plain data: no TensorFlow here, so the detectors are tested on
-recorded run folders and on their threshold edges (tests/diagnose/).
+superseded_by=...)`). No detector calls another: when one finding explains what another
+would report, the other is not run (`SUPERSEDED_BY`), and each detector runs once per
+diagnosis. Pure functions over plain data: no TensorFlow here, so the detectors are
+tested on recorded run folders and on their threshold edges (tests/diagnose/).
 """
 
 import functools
-from typing import Callable
 
 # The modules in the order the diagnosis lists their checks; each registers its rules.
 from mpt.diagnose.detectors import kernels, layers, precision, numerics  # noqa: F401
@@ -32,21 +30,12 @@ from mpt.diagnose.detectors import timing, shapes, speed, gpu  # noqa: F401
 from mpt.diagnose.detectors.registry import DETECTORS, NEEDS, SUPERSEDED_BY
 from mpt.diagnose.evidence import Evidence
 from mpt.diagnose.findings import Finding
-from mpt.diagnose.gpu_evidence import GpuEvidence
 from mpt.records import spread
 
-
-def _on_gpu(rule: Callable[[GpuEvidence], Finding | None]):
-  """A GPU rule as a detector of the run's evidence: it reads the run's capture."""
-  @functools.wraps(rule)
-  def detect(ev: Evidence) -> Finding | None:
-    return rule(ev.gpu)
-  return detect
-
-
-# A GPU run's capture (Evidence.gpu); a profile folder runs gpu.RULES itself.
+# The GPU rules, on a GPU run's capture (Evidence.gpu); a profile folder runs gpu.RULES.
 for _name, _rule in gpu.RULES.items():
-  DETECTORS[_name], NEEDS[_name] = _on_gpu(_rule), "gpu trace"
+  DETECTORS[_name] = functools.wraps(_rule)(lambda ev, rule=_rule: rule(ev.gpu))
+  NEEDS[_name] = "gpu trace"
 # What each need of NEEDS asks of the evidence.
 HAS = {"dtypes.json": lambda ev: ev.dtypes is not None,
        "layer cost": lambda ev: ev.summary.layer_costs is not None,

@@ -19,8 +19,7 @@ from mpt.records.gpu import Kernel
 
 BASED = ["gpu trace"]
 CAUSES = ("channels, units or the batch not multiples of 8; the first convolution's 3 "
-          "input channels; an NCHW layout that cuDNN transposes; a layer kept in "
-          "float32")
+          "input channels; an NCHW layout that cuDNN transposes; a layer kept in float32")
 
 
 def _gpu(g: GpuEvidence) -> str:
@@ -29,12 +28,12 @@ def _gpu(g: GpuEvidence) -> str:
   return f"{c.gpu if c else d.name} (compute capability {cc}, {d.sms or '?'} SMs)"
 
 
-def _layers(kernels: list[Kernel], total: float, n: int = 5) -> str:
+def _layers(kernels: list[Kernel], total: float) -> str:
   by_layer = collections.Counter()
   for k in kernels:
     by_layer[k.layer or k.op_type or k.kernel[:40]] += k.ms
   return ", ".join(f"{layer} {ms:.2f} ms ({ms / total:.1%})"
-                   for layer, ms in by_layer.most_common(n))
+                   for layer, ms in by_layer.most_common(5))
 
 
 def idle(g: GpuEvidence) -> Finding | None:

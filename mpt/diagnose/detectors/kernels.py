@@ -86,8 +86,7 @@ def _slow_evidence(ev: Evidence, k: PolicyVerdict, loss: float, by: str,
                    fastest: str) -> list[str]:
   policy, op = ev.summary.sixteen, k.op or "?"
   line = _slow_words(k, config.SIXTEEN[policy])[1]
-  share = ev.traced_share(op)
-  if share is not None:
+  if (share := ev.traced_share(op)) is not None:
     line += f"; {share:.1%} of traced op time"
   evidence = [line]
   top = ev.top_ops
@@ -100,7 +99,7 @@ def _slow_evidence(ev: Evidence, k: PolicyVerdict, loss: float, by: str,
     evidence.append(f"{policy}: {times(loss)} float32's time by {words.rests_on(k)}; "
                     + words.baseline_line(ev))
   ratios = k.policy_ratios
-  evidence.append(words.ratios_line(k) + (
+  evidence.append(words.ratios_line(k.evidence, k.source, ratios) + (
       f"; {fastest} is {times(ratios[policy] / ratios[fastest])} faster than {policy} "
       f"for these ops" if ratios.get(policy) and ratios.get(fastest) else ""))
   if k.contradicts:
@@ -171,8 +170,8 @@ def opportunity(ev: Evidence) -> Finding | None:
   if best == "float32" and ev.speedup and ev.speedup >= SLOWER_THAN_FLOAT32:
     return None  # The float32 run next to it measured slower than this one.
   expected, line, traced = _expected(ev, k, gain, best)
-  evidence = [words.ratios_line(k) + f": {best} takes {times(1 / gain)} of {s.policy}'s "
-              f"time", line]
+  evidence = [words.ratios_line(k.evidence, k.source, ratios)
+              + f": {best} takes {times(1 / gain)} of {s.policy}'s time", line]
   based_on = [k.basis] + (["trace"] if traced else [])
   found = ev.slowdown() if s.sixteen else None
   loss = found[0] if found and found[1] == "sibling runs" else None

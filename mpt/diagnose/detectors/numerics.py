@@ -9,7 +9,6 @@ mixed_float16, layer X's activations would overflow". A layer whose policy is it
 own (a float32 softmax under a mixed policy) is judged in the dtype it computes in.
 """
 
-
 from mpt import config
 from mpt.diagnose.detectors.registry import detector
 from mpt.diagnose.evidence import Evidence
@@ -170,15 +169,12 @@ def gradient_underflow(ev: Evidence) -> Finding | None:
         "fix the overflow first; the scale then stays where these gradients fit",
         ["numerics"])
   keeps = [r.keep for r in low if r.keep]
-  lo = max(k[0] for k in keeps) if keeps else None
-  hi = min(k[1] for k in keeps) if keeps else None
-  if lo and hi and lo <= hi:
-    step = (f"a loss scale from {lo:g} to {hi:g} keeps them (the dynamic scale starts "
-            f"at {numerics_lib.DYNAMIC_START:g}): --loss_scale=dynamic, or a fixed "
-            f"--loss_scale={lo:g}")
-  else:
-    step = ("no one loss scale keeps both their smallest and largest gradients in "
-            "float16: " + _keep_float32(ev, [r.name for r in low[:5]]))
+  lo, hi = (max(k[0] for k in keeps), min(k[1] for k in keeps)) if keeps else (0, 0)
+  step = (f"a loss scale from {lo:g} to {hi:g} keeps them (the dynamic scale starts "
+          f"at {numerics_lib.DYNAMIC_START:g}): --loss_scale=dynamic, or a fixed "
+          f"--loss_scale={lo:g}" if lo and hi and lo <= hi else
+          "no one loss scale keeps both their smallest and largest gradients in "
+          "float16: " + _keep_float32(ev, [r.name for r in low[:5]]))
   when = "" if own else "under mixed_float16, "
   return Finding(
       "gradient_underflow", "medium" if own else "low", low[0].under_scaled,

@@ -29,16 +29,14 @@ def loss_scale(ev: Evidence) -> Finding | None:
     evidence.append(f"final loss scale {scale:g}")
   if diverged:
     evidence.append(s.message or "the run stopped as diverged")
-  if scaled:
-    step = ("find the layer that overflows (--mode=inspect), keep it in float32; or "
-            "a fixed --loss_scale, or a lower --learning_rate")
-  else:
-    step = "lower --learning_rate; check the data for NaN/Inf"
+  step = ("find the layer that overflows (--mode=inspect), keep it in float32; or a "
+          "fixed --loss_scale, or a lower --learning_rate" if scaled else
+          "lower --learning_rate; check the data for NaN/Inf")
   return Finding("loss_scale", "high" if diverged or low else "medium",
                  excess / steps if steps else 1.0, "loss-scale trouble",
-                 f"skipped steps beyond the first {SETTLING_SKIPS} >= "
-                 f"{SKIPPED_SHARE:.0%} of steps, scale < {MIN_SCALE:g}, or a NaN/Inf "
-                 f"loss", evidence, step, ["loss scale"])
+                 f"skipped steps beyond the first {SETTLING_SKIPS} >= {SKIPPED_SHARE:.0%} "
+                 f"of steps, scale < {MIN_SCALE:g}, or a NaN/Inf loss", evidence, step,
+                 ["loss scale"])
 
 
 @detector("loss_never_scaled", needs="program")
@@ -54,12 +52,11 @@ def loss_never_scaled(ev: Evidence) -> Finding | None:
               f"reaches the update at 1/{o.loss_scale or 0:g} of its size (Adam's normalised step hides much of that; SGD's would not train)" for o in bad]
   return Finding(
       "loss_never_scaled", "high", 1.0, "float16 loss never scaled",
-      "a loss-scaling optimizer applied gradients while its scale_loss() was never "
-      "called", evidence,
-      "scale the loss inside the tape and take the gradients of the scaled loss: "
+      "a loss-scaling optimizer applied gradients while its scale_loss() was never called",
+      evidence, "scale the loss inside the tape and take the gradients of the scaled loss: "
       "scaled = optimizer.scale_loss(loss); grads = tape.gradient(scaled, variables); "
-      "optimizer.apply(grads, variables) (it unscales them and skips non-finite "
-      "steps)", ["loss scale"])
+      "optimizer.apply(grads, variables) (it unscales them and skips non-finite steps)",
+      ["loss scale"])
 
 
 @detector("memory_estimate")

@@ -1,7 +1,8 @@
 """Where each detector says what it is, beside its rule: `@detector(name, needs=...,
 superseded_by=...)`. Registering in the rule's own module keeps a new detector to
-three files (its module; its cut-off in mpt/diagnose/thresholds.py, with the words
-docs/diagnosis.md states it in; its row there), and a test.
+three files (its module; its cut-off in mpt/diagnose/thresholds.py; its row in
+docs/diagnosis.md, whose words tests/diagnose/test_diagnose.py `DOC_WORDS` checks),
+and a test.
 
 The diagnosis lists its checks in registration order: the order
 mpt/diagnose/detectors/__init__.py imports the modules in, then each module's own.

@@ -67,11 +67,10 @@ def float32_work(ev: Evidence) -> Finding | None:
   if ops:
     evidence.append(f"traced op time: {ops.get('float32_time_share', 0):.1%} in "
                     f"float32 layers, {ops.get('cast_time_share', 0):.1%} in Cast ops")
-  if any("BatchNormalization" in l["reason"] for l in layers):
-    step = ("BatchNorm normalises in float32 on purpose; --batchnorm=fused does it in "
-            "TF's fused kernel, which reads and writes the 16-bit dtype (no casts)")
-  else:
-    step = "keep only the output layer in float32; drop other forced-float32 dtypes"
+  step = ("BatchNorm normalises in float32 on purpose; --batchnorm=fused does it in "
+          "TF's fused kernel, which reads and writes the 16-bit dtype (no casts)"
+          if any("BatchNormalization" in l["reason"] for l in layers) else
+          "keep only the output layer in float32; drop other forced-float32 dtypes")
   return Finding("float32_work", "medium", max(flop_share, time_share),
                  "32-bit work left under a 16-bit policy",
                  f"float32 FLOP share >= {FLOAT32_FLOP_SHARE:.0%} or traced float32 + "

@@ -38,8 +38,7 @@ def favoured_policy(ev: Evidence) -> tuple[str, str] | None:
   return None
 
 
-@detector("no_speedup",
-          superseded_by=("hardware", "slow_kernel", "opportunity"))
+@detector("no_speedup", superseded_by=("hardware", "slow_kernel", "opportunity"))
 def no_speedup(ev: Evidence) -> Finding | None:
   """A 16-bit run measured slower than the float32 run next to it; superseded by the
   detectors that explain why (`hardware`, `slow_kernel`, `opportunity`). Without a
@@ -53,15 +52,13 @@ def no_speedup(ev: Evidence) -> Finding | None:
   k = ev.verdict
   if k:
     evidence.append(f"{words.rests_on(k)}: {times(k.ratio)} float32's time under "
-                    f"{s.policy}: the kernels do not "
-                    f"explain the loss, the rest of the step does (casts, per-op "
-                    f"overhead, input)")
+                    f"{s.policy}: the kernels do not explain the loss, the rest of the "
+                    "step does (casts, per-op overhead, input)")
     based_on.append(k.basis)
     step = (f"{ev.rerun('float32')} (measured faster next to it); to see where the "
             f"time goes: " + words.where_time_goes(ev, advice=False))
   elif 1 / speedup >= HIGH_LOSS:
-    favoured = favoured_policy(ev)
-    if favoured:
+    if favoured := favoured_policy(ev):
       why = s.not_measured.get("cost", "a run made before mpt timed the step per policy")
       evidence.append(f"nothing was measured before step 1 ({why}); {favoured[1]}")
       step = (f"{ev.rerun(favoured[0])}: the policy the evidence favours "
@@ -111,8 +108,7 @@ def xla_steps(ev: Evidence) -> tuple[float, float] | None:
   s, cost = ev.summary, ev.summary.cost
   if not cost or not s.jit_compile:
     return None
-  own = cost.of(s.policy, s.layer_policy)
-  other = cost.of(s.policy, s.layer_policy, False)
+  own, other = cost.of(s.policy, s.layer_policy), cost.of(s.policy, s.layer_policy, False)
   if not own or not other or not own.ms_per_step or not other.ms_per_step:
     return None
   return own.ms_per_step, other.ms_per_step

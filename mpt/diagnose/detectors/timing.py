@@ -136,8 +136,7 @@ def _xla_may_help(ev: Evidence) -> bool:
   if s.gpu_caps:
     return True
   cost = s.cost
-  own = cost.of(s.policy) if cost else None
-  xla = cost.of(s.policy, "", True) if cost else None
+  own, xla = (cost.of(s.policy), cost.of(s.policy, "", True)) if cost else (None, None)
   return bool(own and xla and own.ms_per_step and xla.ms_per_step
               and xla.ms_per_step < own.ms_per_step)
 

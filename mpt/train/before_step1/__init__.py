@@ -2,8 +2,8 @@
 common/ only.
 
 measure.py       the one entry: `before_step1()` -> `BeforeStep1` (each fact once)
-cost.py          this model's step timed per policy: the one timer (`time_candidates`)
-                 with its STOP/PATHOLOGICAL/budget rules and its cache
+cost.py          this model's step timed per policy by the one timer
+                 (mpt/measure/timer.py): its budgets, PATHOLOGICAL rule and cache
 scriptcost.py    a script's own step, timed by the same timer after its first step
 layers.py        when each layer is timed per policy, and the line that says it
 autopolicy.py    --policy=auto: the policy and per-layer plan measured fastest

@@ -1,38 +1,38 @@
 """What this model's training step costs here under each policy, measured before step 1.
 
-The kernel table's representative shapes (mpt/machine/kernels.py) were right about
-the direction and 2-8x wrong about the size of a model's step. Here its own compiled
-step (mpt/train/common/steps.py, the custom loop's, with its optimizer and loss scaling) is
-timed under each policy on random inputs of the run's shape and batch (a smaller
-batch was tried: the fixed per-op cost then hides up to half of a 16-bit slowdown),
-float32 first. The model is built once; each candidate's step is traced with its
-layers switched to the candidate's policies (mpt/measure/policies.py: the graph
-keeps the dtypes it was traced with), so a script's model, which mpt cannot
-rebuild, is timed by the same `time_candidates` (mpt/train/before_step1/scriptcost.py).
+The kernel table's representative shapes (mpt/machine/kernels.py) were right about the
+direction and 2-8x wrong about the size of a model's step. Here its own compiled step
+(mpt/train/common/steps.py, the custom loop's, with its optimizer and loss scaling) is
+timed under each policy on random inputs of the run's shape and batch (a smaller batch
+was tried: the fixed per-op cost then hides up to half of a 16-bit slowdown), float32
+first. The model is built once; each candidate's step is traced with its layers switched
+to the candidate's policies (mpt/measure/policies.py: the graph keeps the dtypes it was
+traced with), so a script's model, which mpt cannot rebuild, is timed by the same
+`time_candidates` (mpt/train/before_step1/scriptcost.py).
 
 `time_candidates` times them by the one timer (mpt/measure/timer.py): float32 first,
 then the run's own policy, then the others, interleaved, each until its last calls
 agree; a candidate stopped by the budget is a bound ("at most 8.7x float32's time"),
-never an estimate. The budget: the calls after the first ones may take two of
-float32's steps and BUDGET_S more, and the whole measurement, traces included, at
-most SHARE of the training the run plans (its planned steps at the step's time).
-A policy whose ops the machine's cached kernel table
-measured PATHOLOGICAL times float32's is not run unless it is the run's own: its step
-is float32's by that ratio (a mixed_float16 step of the seed convnet takes 13-17 s on
-a Sapphire Rapids; the table knows). Where no table is cached, the model's
-weight-gradient kernels are timed in this process instead (mpt/measure/gradkernels.py,
-~0.1-1.5 s): a fresh machine learns that from one kernel call, not from a step. A per-layer plan (--layer_policy, or the one
-`--policy=auto` weighs) is a row of its own, and so is a run with XLA's step without
-it (XLA measured 12-29x slower on a CPU).
+never an estimate. The budget: the calls after the first ones may take two of float32's
+steps and BUDGET_S more, and the whole measurement, traces included, at most SHARE of
+the training the run plans (its planned steps at the step's time). A policy whose ops
+the machine's cached kernel table measured PATHOLOGICAL times float32's is not run
+unless it is the run's own: its step is float32's by that ratio (a mixed_float16 step of
+the seed convnet takes 13-17 s on a Sapphire Rapids; the table knows). Where no table is
+cached, the model's weight-gradient kernels are timed in this process instead
+(mpt/measure/gradkernels.py, ~0.1-1.5 s): a fresh machine learns that from one kernel
+call, not from a step. A per-layer plan (--layer_policy, or the one `--policy=auto`
+weighs) is a row of its own, and so is a run with XLA's step without it (XLA measured
+12-29x slower on a CPU).
 
 This is the one timing before step 1: the warning, `--policy=auto`, the oneDNN choice
 and the diagnosis read it. On a GPU each policy's step is then profiled
-(mpt/train/before_step1/gpu_steps.py) into the kernel table on a GPU. `for_run` is the run's
-entry: a stand-in ($MPT_COST: a recorded cost.json, or `none`), the cache
-(mpt/records/cost.py), a skip for a run shorter than the measurement, or a
-measurement here. `python -m mpt.train.before_step1.cost FLAGFILE OUT POLICIES` measures in a child,
-for the oneDNN choice (mpt/train/before_step1/onednn_choice.py: TF_ENABLE_ONEDNN_OPTS must be set
-before TensorFlow is imported).
+(mpt/train/before_step1/gpu_steps.py) into the kernel table on a GPU. `for_run` is the
+run's entry: a stand-in ($MPT_COST: a recorded cost.json, or `none`), the cache
+(mpt/records/cost.py), a skip for a run shorter than the measurement, or a measurement
+here. `python -m mpt.train.before_step1.cost FLAGFILE OUT POLICIES` measures in a child,
+for the oneDNN choice (mpt/train/before_step1/onednn_choice.py: TF_ENABLE_ONEDNN_OPTS
+must be set before TensorFlow is imported).
 """
 
 import dataclasses
@@ -72,6 +72,7 @@ PATHOLOGICAL = fastpath.PATHOLOGICAL  # a kernel table ratio: predicted, not run
 BUDGET_S = 5.0
 SHARE = 0.10  # Of the training a run plans: what measuring its step may take.
 MIN_RUN_STEPS = cost_lib.MIN_RUN_STEPS
+NOT_MEASURED = "the step's cost per policy was not measured: "
 F32 = ("float32", "", None)  # A candidate: (policy, layer_policy, XLA where not the run's).
 ERRORS = (tf.errors.OpError, ValueError, TypeError, errors.UserError)
 Clock = Callable[[], float]
@@ -82,19 +83,15 @@ Make = Callable[[Key, set], timer.Call]
 Table = Callable[[list[str]], dict | None]  # Op families -> a kernel table, or None.
 
 
-def _images(cfg: config.Config, batch: int) -> tuple[tf.Tensor, tf.Tensor]:
-  size = cfg.image_size
-  return (tf.random.stateless_uniform((batch, size, size, 3), (cfg.seed, 1)),
-          tf.zeros((batch,), tf.int64))
-
-
 def stepper(cfg: config.Config, model: keras.Model, batch: int) -> Make:
   """The command line's candidates over one built `model`: for a key (policy,
   layer_policy's plan over it, the XLA setting where it is not the run's), mpt's
   compiled train step (mpt/train/common/steps.py) with its own optimizer and loss scaling,
   traced with the model's layers switched to the key's policies (the graph keeps
   them; the model is given back as it was built)."""
-  images, labels = _images(cfg, batch)
+  size = cfg.image_size
+  images = tf.random.stateless_uniform((batch, size, size, 3), (cfg.seed, 1))
+  labels = tf.zeros((batch,), tf.int64)
 
   def make(key: Key, infinite: set) -> timer.Call:
     policy, layer_policy, jit = key
@@ -111,6 +108,11 @@ def stepper(cfg: config.Config, model: keras.Model, batch: int) -> Make:
   return make
 
 
+def cache_key(cfg: config.Config) -> dict:
+  """The cache key of `cfg`'s step here (the oneDNN rewrite's state in this process)."""
+  return cost_lib.key_for(cfg, keras_fit.onednn_rewrite_on(), isa.detect())
+
+
 def waited(run: Callable[[], Any], key: Key, infinite: set) -> timer.Call:
   """One call of `run` with its result read back (waits for the work); a non-finite
   loss puts `key` in `infinite`."""
@@ -125,10 +127,8 @@ def kernel_table(families) -> dict | None:
   machine's cached table; on a CPU with neither, the weight-gradient kernels of
   `families` timed here (mpt/measure/gradkernels.py). None on a GPU: its table comes
   from each policy's step profiled (gpu_steps.py)."""
-  if tf.config.list_logical_devices("GPU"):
-    return None
-  return kernels.table(probe_if_missing=False,
-                       missing=lambda: gradkernels.table(families))[0]
+  return None if tf.config.list_logical_devices("GPU") else kernels.table(
+      probe_if_missing=False, missing=lambda: gradkernels.table(families))[0]
 
 
 def pathological(model: keras.Model, table: Table = kernel_table) -> dict[str, float]:
@@ -142,15 +142,11 @@ def measure(cfg: config.Config, build: Callable[[], keras.Model],
             gpu: bool | None = None, plans: tuple[tuple[str, str], ...] = (),
             table: Table = kernel_table, planned_steps: int | None = None) -> Cost:
   """Times the model's step under `policies` and the per-layer `plans` ((policy,
-  layer_policy) pairs) in this process, over one model built once under float32
-  (`time_candidates`; float32 is always timed: it is the baseline). `table(families)`:
-  the machine's kernel table (`kernel_table`); a policy it marks pathological is
-  predicted from it, not run, unless it is the run's own. `gpu`: profile each policy's
-  step into the kernel table (default: where TF sees a GPU). `planned_steps`: the
-  run's, for the budget (None: not known)."""
+  layer_policy) pairs) in this process, over one model built once, by
+  `time_candidates` (`table`: its kernel table); `gpu`: profile each policy's step into
+  the kernel table (default: where TF sees a GPU); `planned_steps`: the run's."""
   batch = cost_lib.device_batch(cfg)
-  onednn = keras_fit.onednn_rewrite_on()
-  found = Cost(cost_lib.key_for(cfg, onednn, isa.detect()), onednn, batch)
+  found = Cost(cache_key(cfg), keras_fit.onednn_rewrite_on(), batch)
   start = clock()
   # Keras' state fresh; memory is freed after the measurement (below), not before.
   keras.backend.clear_session(free_memory=False)
@@ -167,10 +163,13 @@ def measure(cfg: config.Config, build: Callable[[], keras.Model],
     found.policies = [PolicyCost(k[0], stopped=timer.failure(e), layer_policy=k[1],
                                  jit_compile=k[2]) for k in order]
     return found
-  steps: dict = {}
-  found.policies = time_candidates(order, _remembering(stepper(cfg, model, batch), steps),
-                                   pathological(model, table), cfg.policy, clock,
-                                   planned_steps)
+  steps, make = {}, stepper(cfg, model, batch)
+
+  def made(key: Key, infinite: set) -> timer.Call:  # Kept: the GPU profile runs it again.
+    steps[key] = make(key, infinite)
+    return steps[key]
+  found.policies = time_candidates(order, made, pathological(model, table), cfg.policy,
+                                   clock, planned_steps)
   if gpu if gpu is not None else tf.config.list_logical_devices("GPU"):
     ran = {k[0]: steps[k] for k, row in zip(order, found.policies)
            if k in steps and not k[1] and k[2] is None and row.ms_per_step}
@@ -181,20 +180,10 @@ def measure(cfg: config.Config, build: Callable[[], keras.Model],
   return found
 
 
-def _remembering(make: Make, steps: dict) -> Make:
-  """`make`, keeping each candidate's step in `steps` (the GPU profile runs them
-  again)."""
-  def made(key: Key, infinite: set) -> timer.Call:
-    steps[key] = make(key, infinite)
-    return steps[key]
-  return made
-
-
 def budgets(planned_steps: int | None, own: Key) -> tuple[timer.Budget, timer.Budget]:
-  """(the calls' budget, the whole measurement's) of a step's timing: after the first
-  calls, two of float32's steps and BUDGET_S more; in all, SHARE of the run's planned
-  steps at the run's own step (float32's until its own is timed); no share where the
-  run's length is not known."""
+  """(the calls' budget, the whole measurement's): the module docstring's, the share at
+  the run's own step (float32's until its own is timed), none where the run's length
+  is not known."""
   def share(timings: dict) -> float:
     ms = timer.latest(timings.get(own)) or timer.latest(timings.get(F32))
     return SHARE * planned_steps * ms if planned_steps and ms else math.inf
@@ -207,11 +196,9 @@ def budgets(planned_steps: int | None, own: Key) -> tuple[timer.Budget, timer.Bu
 def time_candidates(order: list[Key], make: Make, skip: dict[str, float], own: str,
                     clock: Clock = time.perf_counter, planned_steps: int | None = None
                     ) -> list[PolicyCost]:
-  """Each candidate's row, in `order` (float32 first), timed by the one timer
-  (mpt/measure/timer.py), the run's own policy right after float32; the one timing
-  before step 1, of the command line's model and of a script's. `make(key, infinite)`
-  traces a candidate. `skip`: {policy: the kernel table's ratio} of the policies
-  predicted, not run, unless `own` (the run's policy)."""
+  """Each candidate's row, in `order` (float32 first), timed as the module docstring
+  says; `make(key, infinite)` traces a candidate; `skip`: {policy: the kernel table's
+  ratio} of the policies predicted, not run, unless `own` (the run's policy)."""
   own_key = next((k for k in order if k[0] == own and not k[1]), F32)
   timed = [k for k in order if k[0] not in skip or k[0] == own]
   timed = [F32] + [own_key] * (own_key != F32) + [
@@ -224,11 +211,8 @@ def time_candidates(order: list[Key], make: Make, skip: dict[str, float], own: s
   for row in rows.values():
     if row.stopped == f"not timed: {total.words} was spent":
       _unpaid(row, planned_steps, timings)
-  f32 = rows[F32]
-  for key in order:
-    if key not in rows:
-      rows[key] = _predicted_row(key, skip[key[0]], f32)
-  return [rows[k] for k in order]
+  return [rows[k] if k in rows else _predicted_row(k, skip[k[0]], rows[F32])
+          for k in order]
 
 
 def _unpaid(row: PolicyCost, planned_steps: int, timings: dict) -> None:
@@ -260,9 +244,8 @@ def _predicted_row(key: tuple, ratio: float, f32: PolicyCost) -> PolicyCost:
 def stand_in() -> tuple[bool, Cost | None, str | None]:
   """$MPT_COST (records/keyed.py `stand_in`): a recorded cost.json, or `none`;
   `always` stands in for nothing (`planned`)."""
-  if os.environ.get(ENV) == ALWAYS:
-    return False, None, None
-  return keyed.stand_in(ENV, cost_lib.read)
+  return (False, None, None) if os.environ.get(ENV) == ALWAYS else \
+      keyed.stand_in(ENV, cost_lib.read)
 
 
 def planned(steps: int | None) -> int | None:
@@ -270,6 +253,13 @@ def planned(steps: int | None) -> int | None:
   skip) where $MPT_COST=always asks for the measurement whatever the run's length
   (experiments that check it against runs too short to pay for it)."""
   return None if os.environ.get(ENV) == ALWAYS else steps
+
+
+def too_short(planned_steps: int | None) -> str | None:
+  """Why a run of `planned_steps` (None: not known) measures nothing, or None."""
+  if planned_steps is not None and planned_steps < MIN_RUN_STEPS:
+    return f"this run's {planned_steps} steps cost about what measuring them would"
+  return None
 
 
 def for_run(cfg: config.Config, build: Callable[[], keras.Model], planned_steps: int,
@@ -288,20 +278,15 @@ def for_run(cfg: config.Config, build: Callable[[], keras.Model], planned_steps:
       # A run with XLA: its step without it too (XLA measured 12-29x slower on a CPU).
       [(cfg.policy, cfg.layer_policy, False)] if cfg.jit_compile
       and cfg.policy != "auto" else [])
-  cached = cost_lib.cached(cost_lib.key_for(
-      cfg, keras_fit.onednn_rewrite_on(), isa.detect()))
+  cached, planned_steps = cost_lib.cached(cache_key(cfg)), planned(planned_steps)
   have = lambda k: bool(cached and cached.of(*k) and cached.of(*k).known_for(
-      planned(planned_steps)) and not (
+      planned_steps) and not (
       k[0] == cfg.policy and cached.of(*k).predicted))  # The run's own is timed.
   if all(have(k) for k in want):
     return cached, None
-  planned_steps = planned(planned_steps)
-  if planned_steps is not None and planned_steps < MIN_RUN_STEPS:
-    return None, (f"the step's cost per policy was not measured: this run's "
-                  f"{planned_steps} steps cost about what measuring them would")
-  too_big = fits()
-  if too_big:
-    return None, f"the step's cost per policy was not measured: {too_big}"
+  why = too_short(planned_steps) or fits()
+  if why:
+    return None, NOT_MEASURED + why
   missing = [k for k in want if not have(k)]
   fresh = measure(cfg, build, [p for p, plan, jit in missing if not plan and jit is None],
                   plans=tuple(k for k in missing if k[1] or k[2] is not None),
@@ -333,7 +318,8 @@ def checked_by_run(cost: Cost | None, policy: str, layer_policy: str,
   replaced: a settled row that disagrees was timed at another level than the run
   runs (fit's loop around the step, the machine's load), so every row is scaled
   alike (their ratios were timed side by side); a bound is replaced by the run's
-  figure alone. The row's `from_run` says both figures (the diagnosis says it)."""
+  figure alone. The row's `from_run` says both figures (the diagnosis says it; so
+  does a line here)."""
   row = cost.of(policy, layer_policy) if cost else None
   if row is None or row.predicted or not run_ms or cost.source.startswith("recorded"):
     return cost
@@ -342,21 +328,21 @@ def checked_by_run(cost: Cost | None, policy: str, layer_policy: str,
     return cost
   timed = (f"{row.bound + ' ' if row.bound else ''}{row.ms_per_step:,.1f} ms"
            if row.ms_per_step else "no figure")
-  note = (f"{where}: its own {steps} steps measured {run_ms:,.1f} ms/step; timed "
-          f"before step 1: {timed}")
   scale = run_ms / row.ms_per_step if row.ms_per_step and not row.bound else None
+  note = (f"{where}: its own {steps} steps measured {run_ms:,.1f} ms/step; timed "
+          f"before step 1: {timed}" + (", every row scaled alike" if scale else ""))
   rows = []
   for p in cost.policies:
     if p is row:
       p = dataclasses.replace(p, ms_per_step=round(run_ms, 3), bound=None, stopped=None,
-                              timed_ms=p.timed_ms or p.ms_per_step, from_run=note + (
-                                  ", every row scaled alike" if scale else ""))
+                              timed_ms=p.timed_ms or p.ms_per_step, from_run=note)
     elif scale and p.ms_per_step:
       p = dataclasses.replace(p, ms_per_step=round(p.ms_per_step * scale, 3),
                               timed_ms=p.timed_ms or p.ms_per_step)
     rows.append(p)
   found = dataclasses.replace(cost, policies=rows)
   cost_lib.save(found)
+  print(f"mpt: note: the step's cost per policy: {note}", flush=True)
   return found
 
 

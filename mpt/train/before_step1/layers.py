@@ -16,25 +16,21 @@ import keras
 import tensorflow as tf
 
 from mpt import config
-from mpt.machine import isa
 from mpt.machine import fastpath
 from mpt.measure import layercost
 from mpt.measure import observe
 from mpt.records import cost as cost_lib
 from mpt.records import keyed
 from mpt.records import layers as layers_lib
-from mpt.records.cost import Cost
 from mpt.records.layers import LayerCosts
 from mpt.train.before_step1 import cost as timing
-from mpt.train.common import keras_fit
 from mpt.train.common import precision
 
 ENV = "MPT_LAYERS"
 SLOWER = 1.05  # A 16-bit policy measured this much slower than float32 is explained.
 
 
-def key(cfg: config.Config) -> dict:
-  return cost_lib.key_for(cfg, keras_fit.onednn_rewrite_on(), isa.detect())
+key = timing.cache_key
 
 
 def measure(cfg: config.Config, model: keras.Model) -> LayerCosts:
@@ -67,13 +63,11 @@ def read_or_measure(cfg: config.Config, model: keras.Model) -> LayerCosts | None
   """For `--mode=inspect` and `--policy=auto`: the stand-in, the cache, or measured
   now."""
   standing, found = stand_in()
-  if standing:
-    return found
-  return layers_lib.cached(key(cfg)) or measure(cfg, model)
+  return found if standing else (layers_lib.cached(key(cfg)) or measure(cfg, model))
 
 
 def said(get: Callable[[], LayerCosts | None], policy: str,
-         cost: Cost | None = None) -> LayerCosts | None:
+         cost: cost_lib.Cost | None = None) -> LayerCosts | None:
   """What `get()` returns, said in one line (slower classes under `policy`, the gap
   to `cost`'s timed step); None, said, where it fails: the run goes on without it."""
   try:
@@ -87,25 +81,19 @@ def said(get: Callable[[], LayerCosts | None], policy: str,
   return found
 
 
-def for_run(cfg: config.Config, model: keras.Model, cost: Cost | None,
+def for_run(cfg: config.Config, model: keras.Model, cost: cost_lib.Cost | None,
             planned_steps: int) -> LayerCosts | None:
   """The run's per-layer cost: where it explains the run's policy measured slower
   than float32, or found cached; else None."""
   standing, found = stand_in()
   if standing:
     return found
-  found = layers_lib.cached(key(cfg))
-  ratio = (cost.ratios() if cost else {}).get(cfg.policy)
-  if found is None:
-    if not ratio or ratio < SLOWER:  # float32's own ratio is 1.
-      return None
-    if planned_steps < cost_lib.MIN_RUN_STEPS:
-      return None
-    found = measure(cfg, model)
-  return found
+  ratio = (cost.ratios() if cost else {}).get(cfg.policy)  # float32's own is 1.
+  explains = ratio and ratio >= SLOWER and planned_steps >= cost_lib.MIN_RUN_STEPS
+  return layers_lib.cached(key(cfg)) or (measure(cfg, model) if explains else None)
 
 
-def one_line(found: LayerCosts, policy: str, cost: Cost | None = None) -> str:
+def one_line(found: LayerCosts, policy: str, cost: cost_lib.Cost | None = None) -> str:
   """`mpt: per layer here (measured in 12.3 s, summed): float32 ~57 ms (the step
   ~74, -23%), mixed_bfloat16 ~35 (...); slower under mixed_bfloat16: ...`."""
   sums = {p: found.predict(p) for p in config.POLICY_DTYPE}
@@ -114,12 +102,9 @@ def one_line(found: LayerCosts, policy: str, cost: Cost | None = None) -> str:
   parts = [f"{p} ~{v['total']:,.0f} ms" + (
       f" (the step ~{steps[p]:,.0f}, {v['total'] / steps[p] - 1:+.0%})" if p in steps
       else "") for p, v in sums.items() if v]
-  how = (f"measured in {found.seconds:.1f} s" if found.source == "measured"
-         else found.source)
-  line = f"mpt: per layer here ({how}, summed): " + ", ".join(parts)
+  line = f"mpt: per layer here ({_how(found)}, summed): " + ", ".join(parts)
   slow = layers_lib.describe_slow(found, policy) if policy != "float32" else None
   return line + (f"; slower under {policy}: {slow}" if slow else "")
-
 
 
 def format_table(found: LayerCosts, policy: str) -> str:
@@ -150,7 +135,10 @@ def format_table(found: LayerCosts, policy: str) -> str:
   lines += [f"note: {n}" for n in notes[:6]]
   if found.skipped:
     lines.append(f"not timed: {', '.join(found.skipped[:8])}")
-  how = (f"measured in {found.seconds:.1f} s" if found.source == "measured"
-         else found.source)
-  lines.append(f"per layer at batch {found.batch}, forward and backward ({how})")
+  lines.append(f"per layer at batch {found.batch}, forward and backward ({_how(found)})")
   return "\n".join(lines)
+
+
+def _how(found: LayerCosts) -> str:
+  return (f"measured in {found.seconds:.1f} s" if found.source == "measured"
+          else found.source)

@@ -1,5 +1,6 @@
 """What a run learns before its first step, made once: `before_step1(...)` ->
-`BeforeStep1`, and `BeforeStep1.with_model(...)` once the run's model is built.
+`BeforeStep1` (mpt/train/common/learnt.py, the record a script's run fills too), and
+`with_model(...)` once the run's model is built.
 
 In order: TF's oneDNN rewrite (chosen in the supervisor's process, onednn_choice.py);
 this model's step timed per policy (cost.py, the one timer; a policy whose
@@ -23,9 +24,6 @@ from mpt import config
 from mpt.machine import gpu_table
 from mpt.records import cost as cost_records
 from mpt.records import layers as layer_records
-from mpt.records.cost import Cost, OnednnChoice
-from mpt.records.layers import LayerCosts
-from mpt.records.verdict import PolicyChoice, PolicyVerdict
 from mpt.train.before_step1 import autopolicy
 from mpt.train.before_step1 import cost as cost_lib
 from mpt.train.before_step1 import layers as layers_lib
@@ -34,30 +32,21 @@ from mpt.train.before_step1 import preflight
 from mpt.train.common import keras_fit
 from mpt.train.common import numerics as numerics_lib
 from mpt.train.common import precision
+from mpt.train.common.learnt import BeforeStep1
 from mpt.train.common.model import build_model
 
 
-@dataclasses.dataclass
-class BeforeStep1:
-  """What the run learnt before step 1, each fact once (summary.json's
-  `onednn_choice`, `cost`, `policy_choice`, `policy_verdict`, `layer_costs`)."""
-  cfg: config.Config  # As the run trains: the oneDNN state and auto's choice settled.
-  onednn: OnednnChoice  # TF's oneDNN rewrite, and why.
-  cost: Cost | None  # This model's step per policy (cost.py).
-  choice: PolicyChoice | None = None  # --policy=auto's record.
-  layer_costs: LayerCosts | None = None  # Its layers per policy (layers.py).
-  verdict: PolicyVerdict | None = None  # The run's policy against the cost.
-
-  def with_model(self, model: keras.Model, planned_steps: int, alone: bool) -> None:
-    """The verdict on the run's policy over the run's `model`, and, for a run
-    `alone` (one process, the chief), the per-layer cost where it explains a
-    slowdown (auto has read it already)."""
-    cfg = self.cfg
-    self.verdict = precision.check_speed(cfg.policy, precision.layer_classes(model),
-                                         self.cost)
-    if self.choice is None and alone:
-      self.layer_costs = layers_lib.said(lambda: layers_lib.for_run(
-          cfg, model, self.cost, planned_steps), cfg.policy, self.cost)
+def with_model(found: BeforeStep1, model: keras.Model, planned_steps: int,
+               alone: bool) -> None:
+  """Into `found`: the verdict on the run's policy over the run's `model`, and, for a
+  run `alone` (one process, the chief), the per-layer cost where it explains a
+  slowdown (auto has read it already)."""
+  cfg = found.cfg
+  found.verdict = precision.check_speed(cfg.policy, precision.layer_classes(model),
+                                        found.cost)
+  if found.choice is None and alone:
+    found.layer_costs = layers_lib.said(lambda: layers_lib.for_run(
+        cfg, model, found.cost, planned_steps), cfg.policy, found.cost)
 
 
 def before_step1(cfg: config.Config, data: Any, workers: int) -> BeforeStep1:
@@ -70,7 +59,7 @@ def before_step1(cfg: config.Config, data: Any, workers: int) -> BeforeStep1:
   # replayed flags.txt run under it (runs that differ in it are not the same config).
   cfg = dataclasses.replace(cfg, onednn=onednn.label() if onednn.on is not None
                             else cfg.onednn)
-  found = BeforeStep1(cfg, onednn, cost)
+  found = BeforeStep1(cfg, onednn=onednn, cost=cost)
   if cfg.policy == "auto":
     _choose(found, data)
   keras.utils.set_random_seed(cfg.seed)  # The run starts as a fresh one would.
@@ -78,7 +67,7 @@ def before_step1(cfg: config.Config, data: Any, workers: int) -> BeforeStep1:
 
 
 def _step_cost(cfg: config.Config, data: Any, workers: int,
-               onednn: OnednnChoice) -> Cost | None:
+               onednn: cost_records.OnednnChoice) -> cost_records.Cost | None:
   """This model's step cost per policy, or None; said in one line."""
   if workers > 1:
     print("mpt: note: the step's cost per policy was not measured: each worker of a "
@@ -113,9 +102,8 @@ def _choose(found: BeforeStep1, data: Any) -> None:
   if cost is not None:
     found.layer_costs = layers_lib.said(
         lambda: layers_lib.read_or_measure(cfg, model), "float32", cost)
-    per_layer = found.layer_costs
-    plan = (lambda best: layer_records.best_plan(per_layer, best)) if per_layer \
-        else None
+    plan = (lambda best: layer_records.best_plan(found.layer_costs, best)) \
+        if found.layer_costs else None
     timer = lambda p: autopolicy.time_plan(cfg, build, p)
   unsafe = numerics_lib.unsafe(cfg, model, data)
   measured = cost.seconds if cost and cost.source == "measured" else 0.0  # Not cached.

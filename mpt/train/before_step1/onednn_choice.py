@@ -72,9 +72,8 @@ def _measure(cfg: config.Config, on: bool, policies: list[str]) -> tuple[Cost | 
 
 def _cached_or_measured(cfg, on: bool, policies: list[str]) -> tuple[Cost | None, str]:
   found = cost_lib.cached(cost_lib.key_for(cfg, on, isa.detect()))
-  if found and all(found.of(p) and found.of(p).ms_per_step for p in policies):
-    return found, ""
-  return _measure(cfg, on, policies)
+  known = found and all(found.of(p) and found.of(p).ms_per_step for p in policies)
+  return (found, "") if known else _measure(cfg, on, policies)
 
 
 def _gpu_visible() -> bool:
@@ -139,9 +138,8 @@ def choose(cfg: config.Config, measure=_cached_or_measured) -> OnednnChoice:
   if cached and len(cached.measured_ms) == 2:
     cached.why += f" ({cached.source}: measured once per machine and model)"
     return cached
-  policies = (list(config.POLICY_DTYPE) if cfg.policy == "auto" else
-              list(dict.fromkeys(["float32", cfg.policy])))
   run_policies = list(config.POLICY_DTYPE) if cfg.policy == "auto" else [cfg.policy]
+  policies = list(dict.fromkeys(["float32", *run_policies]))
   figures, errors, took, start = {}, [], [], time.perf_counter()
   for setting in (False, True):
     # With the rewrite on (what measured faster on the CPUs met so far) every policy:
@@ -205,12 +203,10 @@ def current(rewrite_on: bool) -> OnednnChoice:
   reports here (`rewrite_on`), or, unsupervised, what the environment made of it."""
   path = os.environ.get(CHOICE_FILE)
   env = os.environ.get(VAR)
-  choice = None
-  if path:
-    try:
-      choice = cost_lib.read_choice(pathlib.Path(path))
-    except (OSError, ValueError, TypeError):
-      choice = None
+  try:
+    choice = cost_lib.read_choice(pathlib.Path(path)) if path else None
+  except (OSError, ValueError, TypeError):
+    choice = None
   if choice is None:
     default, because = hardware.onednn_default(hardware.cpu_flags())
     choice = (OnednnChoice(rewrite_on, env, default, "environment", f"{VAR}={env}")

@@ -26,7 +26,6 @@ from mpt.records.memory import MemoryPlan
 from mpt.train.common import keras_fit
 
 
-
 class WillNotFit(UserError):
   """The estimate exceeds what the device has: the run stops before it starts."""
 

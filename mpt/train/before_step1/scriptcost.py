@@ -113,9 +113,8 @@ def of_fit(model: keras.Model, data) -> Step:
   """The step fit runs: the model's train_step on the batch it fed, traced as Keras
   traces it (without AutoGraph, its XLA setting)."""
   own = sorted(m for m in own_methods(model) if "step" in m or "loss" in m)
-  what = (f"fit's train_step of {type(model).__name__}, with its own "
-          f"{', '.join(own)}" if own else
-          f"fit's train_step of {type(model).__name__} (Keras' own)")
+  what = f"fit's train_step of {type(model).__name__}" + (
+      f", with its own {', '.join(own)}" if own else " (Keras' own)")
   return Step(model.train_step, (data,), {}, (model,),
               bool(getattr(model, "jit_compile", False)), what, {"autograph": False},
               swap_optimizer=getattr(model, "optimizer", None) is not None)
@@ -186,9 +185,8 @@ def _compiled(model: keras.Model) -> str | None:
 def key_for(step: Step, optimizers: list) -> dict[str, Any]:
   """What changes the step's cost: the model (its layers, which weights train), the
   step's code and the methods its classes define (`own_methods`), the compiled loss
-  and metrics, the
-  optimizers, the inputs' structure, shapes and dtypes (the batch in them), XLA, and
-  the machine (the CPU, its cores, TF, the oneDNN setting)."""
+  and metrics, the optimizers, the inputs' structure, shapes and dtypes (the batch in
+  them), XLA, and the machine (the CPU, its cores, TF, the oneDNN setting)."""
   methods = {f"{m.name}.{name}": _code(fn) for m in step.models
              for name, fn in sorted(own_methods(m).items())}
   compiled = [_compiled(m) for m in step.models]
@@ -202,20 +200,17 @@ def key_for(step: Step, optimizers: list) -> dict[str, Any]:
 
 
 def fresh_optimizer(optimizer, policy: str) -> keras.optimizers.Optimizer:
-  """A copy of the program's optimizer (class and config, no state), loss-scaled
-  under mixed_float16 as compile makes it; Adam where it cannot be copied."""
+  """The module docstring's fresh copy of `optimizer` (Adam where it cannot be copied)."""
   inner = getattr(optimizer, "inner_optimizer", optimizer)
   try:
     fresh = type(inner).from_config(inner.get_config())
   except (TypeError, ValueError, AttributeError, NotImplementedError):
     fresh = keras.optimizers.Adam()
-  return (keras.optimizers.LossScaleOptimizer(fresh)
-          if config.scales(policy) else fresh)
+  return keras.optimizers.LossScaleOptimizer(fresh) if config.scales(policy) else fresh
 
 
 def side_effects(graph) -> list[str]:
-  """What a traced step does besides computing (EFFECTS), read from its graph and
-  every function its library holds."""
+  """The EFFECTS of a traced step, read from its graph and every function it calls."""
   graph_def = graph.as_graph_def()
   types = {n.op for n in graph_def.node} | {
       n.op for f in graph_def.library.function for n in f.node_def}
@@ -223,9 +218,8 @@ def side_effects(graph) -> list[str]:
 
 
 class _Kept:
-  """The program's state, put back at the block's end: the variables given and every
-  one a traced candidate captures (`keep`), the global policy, Python's, NumPy's and
-  TF's op-seed random state."""
+  """The program's state (the module docstring's last paragraph), put back at the
+  block's end: the variables given and every one a traced candidate captures (`keep`)."""
 
   def __init__(self, variables):
     self.kept: dict[int, tuple] = {}
@@ -258,17 +252,15 @@ def _state(step: Step, optimizers: list) -> list:
 
 
 def stepper(step: Step, kept: _Kept, optimizer) -> timing.Make:
-  """The program's candidates: its step traced afresh with the layers switched to the
-  candidate's policy (and, under fit, a fresh copy of `optimizer`)."""
+  """The program's candidates, traced as the module docstring says."""
   def make(key: timing.Key, infinite: set):
     policy = key[0]
     fn = tf.function(step.fn, jit_compile=step.jit, reduce_retracing=True,
                      **step.options)
-    swapped = _swapped(step, optimizer, policy)
     with contextlib.ExitStack() as switched:
       for model in step.models:
         switched.enter_context(policies.switched(model, policies.uniform(policy)))
-      switched.enter_context(swapped)
+      fresh = switched.enter_context(_swapped(step, optimizer, policy))
       concrete = fn.get_concrete_function(*step.args, **step.kwargs)
     effects = side_effects(concrete.graph)
     if effects:
@@ -277,29 +269,26 @@ def stepper(step: Step, kept: _Kept, optimizer) -> timing.Make:
     kept.keep(concrete.variables)
     fetch = _fetcher(step)
 
-    def call(alive=swapped.fresh):  # The fresh optimizer lives as long as its step
-      args, kwargs = fetch()          # (the graph holds its variables weakly).
+    def call(alive=fresh):  # The fresh optimizer lives as long as its step
+      args, kwargs = fetch()  # (the graph holds its variables weakly).
       return _loss(fn(*args, **kwargs))
     return timing.waited(call, key, infinite)
   return make
 
 
-class _swapped:  # pylint: disable=invalid-name
+@contextlib.contextmanager
+def _swapped(step: Step, optimizer, policy: str):
   """Under fit, the model's optimizer a fresh copy for the block (traced with it)."""
-
-  def __init__(self, step: Step, optimizer, policy: str):
-    self.step, self.optimizer, self.policy = step, optimizer, policy
-    self.fresh = None
-
-  def __enter__(self):
-    if self.step.swap_optimizer:
-      self.fresh = fresh_optimizer(self.optimizer, self.policy)
-      self.fresh.build(self.step.models[0].trainable_variables)
-      self.step.models[0].optimizer = self.fresh
-
-  def __exit__(self, *exc):
-    if self.step.swap_optimizer:
-      self.step.models[0].optimizer = self.optimizer
+  if not step.swap_optimizer:
+    yield None
+    return
+  fresh = fresh_optimizer(optimizer, policy)
+  fresh.build(step.models[0].trainable_variables)
+  step.models[0].optimizer = fresh
+  try:
+    yield fresh
+  finally:
+    step.models[0].optimizer = optimizer
 
 
 def _fetcher(step: Step) -> Callable[[], tuple[tuple, dict]]:
@@ -323,8 +312,7 @@ def _fetcher(step: Step) -> Callable[[], tuple[tuple, dict]]:
 def _loss(out) -> float:
   """Every leaf of a step's result read back (the work waited for); its loss (`loss`,
   else its first float scalar) as a float, 0.0 where it has none."""
-  leaves = keras.tree.flatten(out)
-  values = [np.asarray(t) for t in leaves if hasattr(t, "shape")]
+  values = [np.asarray(t) for t in keras.tree.flatten(out) if hasattr(t, "shape")]
   if isinstance(out, dict) and "loss" in out:
     return float(np.mean(np.asarray(out["loss"])))
   scalars = [float(v) for v in values if v.size == 1 and v.dtype.kind == "f"]
@@ -340,9 +328,8 @@ def measure(step: Step, optimizers: list, own: str, planned_steps: int | None = 
                timed=f"this program's step on a batch it fed: {step.what}")
   start = clock()
   optimizer = step.models[0].optimizer if step.swap_optimizer else None
-  skip = {}
-  for model in step.models:  # The policies any of its models' kernels rule out.
-    skip.update(timing.pathological(model, table))
+  # The policies any of its models' kernels rule out.
+  skip = {p: r for m in step.models for p, r in timing.pathological(m, table).items()}
   with _Kept(_state(step, optimizers)) as kept:
     found.policies = timing.time_candidates(
         [(p, "", None) for p in config.POLICY_DTYPE], stepper(step, kept, optimizer),
@@ -367,18 +354,17 @@ def for_script(step: Step, optimizers: list, own: str, planned_steps: int | None
   if cached and all(cached.of(p) and cached.of(p).known_for(planned_steps)
                     for p in config.POLICY_DTYPE):
     return cached, None
-  if planned_steps is not None and planned_steps < cost_lib.MIN_RUN_STEPS:
-    return None, (f"the step's cost per policy was not measured: this run's "
-                  f"{planned_steps} steps cost about what measuring them would")
   trace_ms = seen[0] - seen[1] if seen else 0.0
-  if planned_steps and seen and trace_ms > timing.SHARE * planned_steps * seen[1]:
-    return None, (f"the step's cost per policy was not measured: one trace of it (its "
-                  f"first step took {seen[0] / 1e3:,.1f} s) would pass "
-                  f"{timing.SHARE:.0%} of this run's planned training ({planned_steps} "
-                  f"steps of ~{seen[1]:,.0f} ms)")
-  found = measure(step, optimizers, own, planned_steps)
-  base = found.of("float32")
-  if not base or not base.ms_per_step:
-    return None, f"the step's cost per policy was not measured: {base.stopped}"
+  why = timing.too_short(planned_steps) or (
+      f"one trace of it (its first step took {seen[0] / 1e3:,.1f} s) would pass "
+      f"{timing.SHARE:.0%} of this run's planned training ({planned_steps} steps of "
+      f"~{seen[1]:,.0f} ms)" if planned_steps and seen
+      and trace_ms > timing.SHARE * planned_steps * seen[1] else None)
+  if not why:
+    found = measure(step, optimizers, own, planned_steps)
+    base = found.of("float32")
+    why = None if base and base.ms_per_step else str(base.stopped)
+  if why:
+    return None, timing.NOT_MEASURED + why
   cost_lib.save(found)
   return found, None

@@ -30,7 +30,6 @@ import tensorflow as tf
 
 from mpt import config
 from mpt import console
-from mpt import files
 from mpt import injection
 from mpt.measure import dtypes as dtypes_lib
 from mpt.measure import instrument
@@ -67,14 +66,10 @@ class RunCallbacks:
 
   @property
   def ordered(self) -> list[keras.callbacks.Callback]:
-    first = [c for c in (self.counter, self.metrics, self.window, self.faults,
-                         self.flops)
-             if c is not None]
-    lines = [self.lines] if self.lines else []
-    kills = [self.kills] if self.kills else []
-    numerics = [self.numerics] if self.numerics else []
-    return (first + [self.timer, self.writer, self.guard, self.checkpoints] +
-            numerics + lines + [self.stop] + kills)
+    return [c for c in (self.counter, self.metrics, self.window, self.faults, self.flops,
+                        self.timer, self.writer, self.guard, self.checkpoints,
+                        self.numerics, self.lines, self.stop, self.kills)
+            if c is not None]
 
 
 def make(run: Run) -> RunCallbacks:
@@ -82,9 +77,8 @@ def make(run: Run) -> RunCallbacks:
   hparams again: the first attempt's stay in the event files."""
   cfg, spe, optimizer = run.cfg, run.data.steps_per_epoch, run.optimizer
   counter = instrument.StepCounter(run.start_step)
-  mid_epoch = run.start_step % spe
-  metrics = checkpoint.RunningMetrics(run.prior.get("metrics") if mid_epoch else None,
-                                      run.start_step // spe)
+  metrics = checkpoint.RunningMetrics(  # A resume mid-epoch puts its metrics back.
+      run.prior.get("metrics") if run.start_step % spe else None, run.start_step // spe)
   timer = instrument.StepTimer(cfg.warmup_steps, run.prior.get("timer"))
   writer = instrument.ScalarWriter(
       str(run.out_dir), timer, cfg.batch_size, every=cfg.log_every,
@@ -108,7 +102,8 @@ def make(run: Run) -> RunCallbacks:
   if cfg.instrument:  # The step's FLOPs, from its graph once it ran (stepflops.py).
     found.flops = countstep.CountStep(writer.sources, default_args=(
         countstep.batch_specs(run.data.val.element_spec, cfg.batch_size),),
-        counted=functools.partial(_into_dtypes, run, writer))
+        counted=lambda found: stepflops.into_files(run.report, found, cfg.batch_size,
+                                                   run.out_dir, writer))
   found.numerics = numerics_lib.for_run(run, steps_lib.make_loss(), lambda: counter.done,
                                         writer)
   if injection.kill_at():
@@ -116,25 +111,15 @@ def make(run: Run) -> RunCallbacks:
   found.lines = console.epoch_lines(
       cfg.verbose, cfg.epochs,
       lambda n: statistics.median(timer.durations_ms[-n:] or [0.0]))
-  if run.fault_window:
+  if cfg.faults:  # --fault_steps' window.
     found.loss_factor = tf.Variable(1.0, trainable=False, dtype=tf.float32)
     found.faults = guards.FaultInjector(found.loss_factor, cfg.fault_factor,
-                                        run.fault_window, lambda: counter.current)
+                                        cfg.faults, lambda: counter.current)
   if run.window:
     found.window = profiler.ProfileWindow(str(run.run_dir), *run.window,
                                           step=lambda: counter.current,
                                           marker=keras_fit.step_marker)
   return found
-
-
-def _into_dtypes(run: Run, writer, found: stepflops.StepFlops) -> None:
-  """The step's FLOPs into dtypes.json and its TensorBoard table, once counted: each
-  layer's, and the shares by precision over what the step runs."""
-  if not run.report:
-    return
-  stepflops.into_report(run.report, found, run.cfg.batch_size)
-  files.write_json(run.out_dir / "dtypes.json", run.report)
-  writer.text("inspect/dtypes", dtypes_lib.format_table(run.report, markdown=True))
 
 
 def _texts(run: Run) -> dict[str, str]:

@@ -126,14 +126,10 @@ class CheckpointCallback(keras.callbacks.Callback):
     self.enabled = enabled  # False: --checkpoint=false, nothing is ever written.
     self._epoch_ended_at = -1
 
-  @property
-  def step(self) -> int:
-    return self.steps()
-
   def save(self) -> str | None:
     """Saves at the current step; None where nothing is saved (disabled, saved
     already, or an epoch's last step whose end has not happened yet)."""
-    step = self.step
+    step = self.steps()
     if not self.enabled or step == self.ckpt.last_saved_step or (
         step % self.steps_per_epoch == 0 and step != self._epoch_ended_at):
       return None
@@ -149,11 +145,11 @@ class CheckpointCallback(keras.callbacks.Callback):
       raise
 
   def on_train_batch_end(self, batch, logs=None):
-    if self.every and self.step % self.every == 0:
+    if self.every and self.steps() % self.every == 0:
       self.save()
 
   def on_epoch_end(self, epoch, logs=None):
-    self._epoch_ended_at = self.step
+    self._epoch_ended_at = self.steps()
     self.save()
 
 
@@ -201,12 +197,9 @@ class RunningMetrics(keras.callbacks.Callback):
 
 
 def prune_events(run_dir: pathlib.Path, last_step: int) -> None:
-  """Drops summaries after `last_step`, and those of a run's end (END_TAGS), from
-  the run's event files.
-
-  A resumed run repeats the steps after its checkpoint; without this, TensorBoard
-  would show those steps twice (once from the killed process, once from the resumed).
-  """
+  """Drops summaries after `last_step`, and those of a run's end (END_TAGS), from the
+  run's event files: a resumed run repeats the steps after its checkpoint, which
+  TensorBoard would show twice (once from the killed process, once from the resumed)."""
   ended = lambda e: any(v.tag.startswith(END_TAGS) for v in e.summary.value)
   for path in sorted(run_dir.glob("events.out.tfevents.*")):
     kept = []

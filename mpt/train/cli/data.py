@@ -47,12 +47,9 @@ class Data:
   source: str  # where the data came from, for the log and summary.json
 
   def train_from(self, step: int) -> tf.data.Dataset:
-    """The training stream from global step `step` on, as a fresh pipeline.
-
-    The stream is a pure function of the seed (repeat, then a seeded shuffle that
-    does not reshuffle), so skipping `step` batches puts a resumed run exactly where
-    the checkpointed one was.
-    """
+    """The training stream from global step `step` on, as a fresh pipeline: a pure
+    function of the seed (repeat, then a seeded shuffle that does not reshuffle), so
+    skipping `step` batches puts a resumed run exactly where the checkpointed one was."""
     return self.make_train().skip(step)
 
 
@@ -123,13 +120,10 @@ def _tfds_source(cfg: Config):
           f"--dataset=synthetic")
     builder.download_and_prepare()
   val_split = next(s for s in ("validation", "test", "train") if s in builder.info.splits)
-  sources = []
-  for split in ("train", val_split):
-    ds = builder.as_dataset(split=split, as_supervised=True, shuffle_files=False)
-    ds = ds.enumerate().map(lambda i, xy: (xy[0], tf.cast(xy[1], tf.int32), i))
-    sources.append((ds, None))
-  names = builder.info.features["label"].names
-  return sources[0], sources[1], list(names)
+  train, val = ((builder.as_dataset(split=split, as_supervised=True, shuffle_files=False)
+                 .enumerate().map(lambda i, xy: (xy[0], tf.cast(xy[1], tf.int32), i)), None)
+                for split in ("train", val_split))
+  return train, val, list(builder.info.features["label"].names)
 
 
 def _prep(size: int):
@@ -143,10 +137,8 @@ def _prep(size: int):
 
 
 def _resize_cache_count(source, cfg: Config, split: str):
-  """Resizes, scales and caches one split; one pass fills the cache and finds bad files.
-
-  Returns the cached dataset of (image, label) and the list of skipped files.
-  """
+  """(the cached (image, label) dataset of one split, its size, its skipped files),
+  by the one pass that fills the cache (the module docstring)."""
   ds, paths = source
   size = cfg.image_size
   ds = ds.map(_prep(size), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
@@ -154,14 +146,12 @@ def _resize_cache_count(source, cfg: Config, split: str):
   if cfg.cache != "none":
     ds = ds.cache("" if cfg.cache == "memory" else f"{cfg.cache}_{split}_{size}px")
   seen = set()
-  expected = len(paths) if paths is not None else None
-  with console.phase(f"reading and caching the {split} split at {size} px", expected,
-                     "image") as progress:
+  with console.phase(f"reading and caching the {split} split at {size} px",
+                     len(paths) if paths is not None else None, "image") as progress:
     for _, _, index in ds.batch(256):
       seen.update(index.numpy().tolist())
       progress.update(len(seen))
-  total = len(paths) if paths is not None else len(seen)
-  skipped = [paths[i] for i in range(total) if i not in seen] if paths else []
+  skipped = [path for i, path in enumerate(paths or []) if i not in seen]
   for path in skipped[:10]:
     logging.warning("skipped unreadable image %s", path)
   if len(skipped) > 10:
@@ -175,11 +165,9 @@ def _resize_cache_count(source, cfg: Config, split: str):
 
 
 def _input_work(passes: int):
-  """`--input_work`: a map adding N passes of a 3x3 blur per example, then discarded.
-
-  The result enters the image as `+ 0 * sum(blurred)`: a float multiply by zero is not
-  folded away (NaN * 0 is NaN), so tf.data's graph optimisations keep the work.
-  """
+  """`--input_work`'s blur passes, discarded: they enter the image as `+ 0 *
+  sum(blurred)`, and a float multiply by zero is not folded away (NaN * 0 is NaN), so
+  tf.data's graph optimisations keep the work."""
   kernel = tf.fill((3, 3, 3, 1), 1.0 / 9.0)
 
   def work(image, label):
@@ -192,11 +180,9 @@ def _input_work(passes: int):
 
 
 def _shard_by_data(ds: tf.data.Dataset) -> tf.data.Dataset:
-  """Multi-worker runs split each global batch across workers by element.
-
-  The sources are file names read inside a map, not file readers, so AUTO sharding
-  would try files, fail and fall back to this with a warning.
-  """
+  """Multi-worker runs split each global batch across workers by element: the sources
+  are file names read inside a map, not file readers, so AUTO sharding would try
+  files, fail and fall back to this with a warning."""
   options = tf.data.Options()
   options.experimental_distribute.auto_shard_policy = (
       tf.data.experimental.AutoShardPolicy.DATA)
@@ -249,13 +235,12 @@ def load(cfg: Config) -> Data:
   train, n_train, skipped_train = _resize_cache_count(train_src, cfg, "train")
   val, n_val, skipped_val = _resize_cache_count(val_src, cfg, "val")
   buffer = cfg.shuffle_buffer or n_train
-  cached = train
   # Repeat, then shuffle with a fixed seed: one endless stream that every iterator
   # of the dataset sees the same (Keras reads a batch from a first iterator to build
   # the model under a strategy; a reshuffling shuffle would give the next another
   # order). With the whole set in the buffer, the epoch boundaries blur a little.
   def stream():
-    ds = cached.repeat().shuffle(buffer, seed=cfg.seed, reshuffle_each_iteration=False)
+    ds = train.repeat().shuffle(buffer, seed=cfg.seed, reshuffle_each_iteration=False)
     if cfg.input_work:  # After the cache, so that every step pays for it.
       ds = ds.map(_input_work(cfg.input_work), num_parallel_calls=tf.data.AUTOTUNE,
                   deterministic=True)
@@ -264,9 +249,7 @@ def load(cfg: Config) -> Data:
   make_train = lambda: _shard_by_data(
       stream().batch(cfg.batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE))
   val = _shard_by_data(val.batch(cfg.batch_size).prefetch(tf.data.AUTOTUNE))
-  steps = math.ceil(n_train / cfg.batch_size)
-  if cfg.steps_per_epoch:
-    steps = min(steps, cfg.steps_per_epoch)
+  steps = min(math.ceil(n_train / cfg.batch_size), cfg.steps_per_epoch or math.inf)
   return Data(make_train=make_train, val=val, class_names=classes, n_train=n_train,
               n_val=n_val, steps_per_epoch=steps, skipped_files=skipped_train + skipped_val,
               source=source)

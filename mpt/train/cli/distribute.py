@@ -103,11 +103,9 @@ def is_chief(cluster: dict[str, list[str]], kind: str, index: int) -> bool:
 
 
 def configure_cpu_devices(n: int) -> None:
-  """Splits the CPU into `n` logical devices (0: leave the CPU as it is).
-
-  Must run before TensorFlow's runtime starts. A process that has started already
-  (a test session, a notebook) is accepted if it was split the same way.
-  """
+  """Splits the CPU into `n` logical devices (0: as it is) before TensorFlow's runtime
+  starts; a process started already (a test session, a notebook) is accepted if it was
+  split the same way."""
   if not n:
     return
   cpu = tf.config.list_physical_devices("CPU")[0]
@@ -123,10 +121,8 @@ def configure_cpu_devices(n: int) -> None:
 
 
 def _mirrored_devices(cfg: Config) -> list[str]:
-  gpus = tf.config.list_logical_devices("GPU")
-  if gpus and not cfg.cpu_devices:
-    return [d.name for d in gpus]
-  return [d.name for d in tf.config.list_logical_devices("CPU")]
+  gpus = tf.config.list_logical_devices("GPU") if not cfg.cpu_devices else []
+  return [d.name for d in gpus or tf.config.list_logical_devices("CPU")]
 
 
 def setup(cfg: Config) -> Setup:

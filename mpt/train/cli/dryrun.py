@@ -23,6 +23,7 @@ from mpt.records import layers as layer_records
 from mpt.records import numerics as records
 from mpt.records import rundir
 from mpt.train.cli import data as data_lib
+from mpt.train.cli import prepare
 from mpt.train.before_step1 import layers as layers_lib
 from mpt.train.common import numerics as numerics_lib
 from mpt.train.common import precision
@@ -34,17 +35,12 @@ from mpt.train.common.plan import Plan
 
 
 def inspect_only(cfg: Plan) -> dict[str, Any]:
-  """`--mode=inspect`: the dtype report of `cfg.model` under `cfg.policy`, no training.
-
-  The model gets 10 classes (Imagenette's) and `--image_size` inputs; the report is
-  printed and written to a run folder as dtypes.json and a TensorBoard text summary.
-  """
+  """`--mode=inspect` (see the module docstring): the model gets the data's classes
+  (10, Imagenette's, where no batch was read) and `--image_size` inputs."""
   cfg = Plan.of(cfg)
   if cfg.policy == "auto":
     raise UserError("--policy=auto times training steps: use it with --mode=train")
-  rundir.check_root(cfg)
-  keras.backend.clear_session(free_memory=False)  # As a run starts (prepare.py).
-  keras.utils.set_random_seed(cfg.seed)
+  prepare.fresh_start(cfg)
   print(precision.describe(precision.set_policy(cfg.policy)))
   batches, classes = _batches(cfg)
   model = build_model(cfg, len(classes) or 10)
@@ -56,8 +52,7 @@ def inspect_only(cfg: Plan) -> dict[str, Any]:
   gpu = bool(tf.config.list_logical_devices("GPU"))
   ests = preflight.estimates(report, cfg.batch_size, trainable,
                              memory.rss_mb() + preflight.data_cache_mb(cfg), gpu)
-  available, where = memory.available_mb(gpu)
-  mem = preflight.table(ests, available, where)
+  mem = preflight.table(ests, *memory.available_mb(gpu))
   print(mem["text"])
   per_layer = layers_lib.read_or_measure(cfg, model)
   if per_layer:

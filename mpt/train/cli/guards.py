@@ -46,27 +46,23 @@ class DivergenceGuard(keras.callbacks.Callback):
     super().__init__()
     self.steps, self.loss_scale, self.min_loss_scale = steps, loss_scale, min_loss_scale
 
-  @property
-  def step(self) -> int:
-    return self.steps()
-
   def on_train_batch_end(self, batch, logs=None):
     # Keras' `loss` is the epoch's running mean: one non-finite step makes it so.
     loss = (logs or {}).get("loss")
     if loss is not None and not math.isfinite(loss):
-      raise Diverged(self.step, f"loss is {loss}")
+      raise Diverged(self.steps(), f"loss is {loss}")
     scale = self.loss_scale()
     if scale is not None and scale < self.min_loss_scale:
-      raise Diverged(self.step, f"loss scale fell to {scale:g} (< --min_loss_scale="
+      raise Diverged(self.steps(), f"loss scale fell to {scale:g} (< --min_loss_scale="
                      f"{self.min_loss_scale:g}): gradients stay non-finite")
 
 
 class SignalStop(keras.callbacks.Callback):
-  """Defers SIGINT, SIGTERM, SIGHUP and SIGUSR1 (errors.STOP_SIGNALS) to the end of
-  the running step, or, when that step ends an
-  epoch, to the epoch's end: after its evaluation and its checkpoint (callbacks.py
-  puts this callback after the checkpoint's), which a stop before the evaluation
-  could not keep (mpt/train/cli/checkpoint.py). `steps()` is the global steps completed."""
+  """Defers SIGINT, SIGTERM, SIGHUP and SIGUSR1 (errors.STOP_SIGNALS) to the end of the
+  running step, or, when that step ends an epoch, to the epoch's end: after its
+  evaluation and its checkpoint (callbacks.py puts this callback after the
+  checkpoint's), which a stop before the evaluation could not keep
+  (mpt/train/cli/checkpoint.py). `steps()` is the global steps completed."""
 
   def __init__(self, steps: Callable[[], int], steps_per_epoch: int):
     super().__init__()
@@ -121,12 +117,8 @@ class FaultInjector(keras.callbacks.Callback):
     super().__init__()
     self.var, self.factor, self.window, self.current = factor_var, factor, window, step
 
-  @property
-  def step(self) -> int:
-    return self.current()
-
   def on_train_batch_begin(self, batch, logs=None):
-    inside = self.window[0] <= self.step <= self.window[1]
+    inside = self.window[0] <= self.current() <= self.window[1]
     self.var.assign(self.factor if inside else 1.0)
 
 

@@ -38,10 +38,8 @@ Fetch = Callable[[Any], Any]
 
 
 def _segments(start_step: int, steps_per_epoch: int, epochs: int):
-  """(epoch, steps to run in it, global step it starts at) from `start_step` on.
-
-  A run resumed mid-epoch first finishes that epoch, then runs whole ones.
-  """
+  """(epoch, steps to run in it, global step it starts at) from `start_step` on: a
+  run resumed mid-epoch first finishes that epoch, then runs whole ones."""
   step = start_step
   for epoch in range(start_step // steps_per_epoch, epochs):
     n = steps_per_epoch - (step - epoch * steps_per_epoch)
@@ -90,22 +88,16 @@ def run_fit(model: keras.Model, optimizer: keras.optimizers.Optimizer, data: Dat
     fit(epoch * spe, epoch, cfg.epochs, spe)
 
 
-def evaluate(steps: steps_lib.Steps, val,
-             callbacks: keras.callbacks.CallbackList | None = None) -> Logs:
+def evaluate(steps: steps_lib.Steps, val, callbacks: keras.callbacks.CallbackList) -> Logs:
   """The validation pass, with the test-batch callbacks fit's validation calls."""
   steps.reset()
   logs = {}
-  if callbacks:
-    callbacks.on_test_begin()
+  callbacks.on_test_begin()
   for batch, (images, labels) in enumerate(val):
-    if callbacks:
-      callbacks.on_test_batch_begin(batch)
-    logs = steps.eval_step(images, labels)
-    if callbacks:
-      callbacks.on_test_batch_end(batch, {k: float(v) for k, v in logs.items()})
-  logs = {k: float(v) for k, v in logs.items()}
-  if callbacks:
-    callbacks.on_test_end(logs)
+    callbacks.on_test_batch_begin(batch)
+    logs = {k: float(v) for k, v in steps.eval_step(images, labels).items()}
+    callbacks.on_test_batch_end(batch, logs)
+  callbacks.on_test_end(logs)
   return logs
 
 

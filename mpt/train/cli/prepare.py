@@ -1,13 +1,8 @@
 """Everything a training run does before its first step: `prepare(cfg)` -> `Run`.
 
-It reads as the run happens: the checks that can fail on bad input before any work
-(UserError), the tf.distribute strategy (distribute.py, before TF's runtime starts),
-the seeds and the data; then what the run learns before step 1, made once by
-mpt/train/before_step1/measure.py (the oneDNN rewrite, the step's cost per policy,
---policy=auto's choice: one `BeforeStep1`); then the precision policy, the run folder
-(`flags.txt`; a non-chief worker's scratch folder), the model and optimizer under the
-strategy's scope, the verdict on the policy over that model, the dtype report and the
-memory preflight, the checkpoint restored with `--resume`, and the sampler.
+`prepare` reads as the run happens: the checks that can fail on bad input come
+before any work (UserError); what the run learns before step 1 is made once by
+mpt/train/before_step1/measure.py (one `BeforeStep1`), before the run's model is built.
 
 `Run` is the one object the rest of the run reads: the callbacks (callbacks.py), the
 loop and the ending (run.py), and summary.json (record.py).
@@ -42,7 +37,8 @@ from mpt.train.cli import data as data_lib
 from mpt.train.cli import distribute
 from mpt.train.common import precision
 from mpt.train.before_step1 import preflight
-from mpt.train.before_step1.measure import BeforeStep1, before_step1
+from mpt.train.before_step1 import measure
+from mpt.train.common.learnt import BeforeStep1
 from mpt.train.common.model import build_model
 from mpt.train.common.plan import Plan
 
@@ -65,7 +61,6 @@ class Run:
   prior: dict[str, Any]  # The resumed checkpoint's state ({} for a fresh run).
   started: float  # time.perf_counter() when the run began.
   window: tuple[int, int] | None  # --profile_steps (None: no profile, or not chief).
-  fault_window: tuple[int, int] | None  # --fault_steps.
   report: dict[str, Any] | None  # The dtype inspection (None: --noinstrument).
   memory: MemoryPlan | None  # The preflight's plan (preflight.for_run).
   sampler: sampler_lib.Sampler | None  # The chief's, with --instrument.
@@ -74,7 +69,6 @@ class Run:
   def wall_s(self) -> float:
     """The run's wall time so far, its attempts before a resume included."""
     return self.prior.get("wall_s", 0.0) + time.perf_counter() - self.started
-
 
 
 def resume_config(cfg: config.Config) -> config.Config:
@@ -94,8 +88,10 @@ def prepare(cfg: config.Config) -> Run:
   started = time.perf_counter()
   cfg = Plan.of(resume_config(cfg) if cfg.resume else cfg)
   dist = _start(cfg)
-  data = _load_data(cfg)
-  before = before_step1(cfg, data, dist.workers)
+  data = data_lib.load(cfg)
+  logging.info("data: %s, %d train / %d val images, %d classes, %d skipped", data.source,
+               data.n_train, data.n_val, len(data.class_names), len(data.skipped_files))
+  before = measure.before_step1(cfg, data, dist.workers)
   cfg = before.cfg
   policy = precision.set_policy(cfg.policy)
   print(precision.describe(policy), flush=True)
@@ -114,8 +110,8 @@ def prepare(cfg: config.Config) -> Run:
     optimizer.build(model.trainable_variables)  # Its slots must exist to be restored.
   if cfg.layer_policy and dist.is_chief:  # The plan in the form a script applies.
     _write_plan(cfg, model, out_dir, before.choice is not None)
-  before.with_model(model, cfg.epochs * data.steps_per_epoch,
-                    alone=dist.is_chief and dist.workers == 1)
+  measure.with_model(before, model, cfg.epochs * data.steps_per_epoch,
+                     alone=dist.is_chief and dist.workers == 1)
   inspected, mem = _inspect(cfg, model, dist, run_dir)
   ckpt = checkpoint.Checkpointer(run_dir, model, optimizer, cfg.keep_checkpoints,
                                  write_dir=out_dir)
@@ -125,14 +121,12 @@ def prepare(cfg: config.Config) -> Run:
     files.write_json(out_dir / "dtypes.json", report)
     if dist.is_chief:
       print(dtypes_lib.one_line(report), flush=True)
-  sampler = None
-  if cfg.instrument and dist.is_chief:
-    sampler = sampler_lib.Sampler(cfg.sample_every, state=prior.get("sampler"))
+  sampler = sampler_lib.Sampler(cfg.sample_every, state=prior.get("sampler")) \
+      if cfg.instrument and dist.is_chief else None
   return Run(cfg=cfg, dist=dist, data=data, policy=policy, run_dir=run_dir,
              out_dir=out_dir, model=model, optimizer=optimizer, ckpt=ckpt,
              start_step=start_step, prior=prior, started=started, window=window,
-             fault_window=cfg.faults, report=report, memory=mem, sampler=sampler,
-             before=before)
+             report=report, memory=mem, sampler=sampler, before=before)
 
 
 def _write_plan(cfg: config.Config, model: keras.Model, out_dir: pathlib.Path,
@@ -152,13 +146,7 @@ def _start(cfg: Plan) -> distribute.Setup:
   # First: devices and collectives can only be set up before TF's runtime starts.
   dist = distribute.setup(cfg)
   distribute.check_batch(cfg, dist)
-  if dist.is_chief:
-    rundir.check_root(cfg)
-  # Fresh Keras state (layer names, graph) when runs share a process (tests, a
-  # notebook). Without Python's full collection, which in a long-lived process holding
-  # many models takes longer than a tiny run (automatic collection still runs).
-  keras.backend.clear_session(free_memory=False)
-  keras.utils.set_random_seed(cfg.seed)
+  fresh_start(cfg, dist.is_chief)
   if cfg.deterministic:
     tf.config.experimental.enable_op_determinism()
   tf.config.experimental.enable_tensor_float_32_execution(cfg.tf32)
@@ -171,11 +159,16 @@ def _start(cfg: Plan) -> distribute.Setup:
   return dist
 
 
-def _load_data(cfg: config.Config) -> data_lib.Data:
-  data = data_lib.load(cfg)
-  logging.info("data: %s, %d train / %d val images, %d classes, %d skipped", data.source,
-               data.n_train, data.n_val, len(data.class_names), len(data.skipped_files))
-  return data
+def fresh_start(cfg: config.Config, chief: bool = True) -> None:
+  """The log root checked (by the chief: it writes there), and Keras' state fresh, as
+  a run starts (`--mode=inspect` too, mpt/train/cli/dryrun.py)."""
+  if chief:
+    rundir.check_root(cfg)
+  # Fresh Keras state (layer names, graph) when runs share a process (tests, a
+  # notebook). Without Python's full collection, which in a long-lived process holding
+  # many models takes longer than a tiny run (automatic collection still runs).
+  keras.backend.clear_session(free_memory=False)
+  keras.utils.set_random_seed(cfg.seed)
 
 
 def _folders(cfg: config.Config,

@@ -12,11 +12,9 @@ import dataclasses
 
 import tensorflow as tf
 
-from mpt.machine import hardware
 from mpt.machine import rates
 from mpt.measure import instrument
 from mpt.measure import memory
-from mpt.records import numerics as numerics_records
 from mpt.records.memory import MemoryPlan
 from mpt.records.summary import RunSummary
 from mpt.train.before_step1 import cost as timing
@@ -56,8 +54,6 @@ def _checked(run: Run, found: dict, status: str):
                                   str(run.run_dir))
   if checked is cost:
     return cost, verdict
-  print(f"mpt: note: the step's cost per policy: "
-        f"{checked.of(cfg.policy, cfg.layer_policy).from_run}", flush=True)
   return checked, precision.check_speed(cfg.policy, precision.layer_classes(run.model),
                                         checked, say=False)
 
@@ -68,47 +64,37 @@ def build(run: Run, timer: instrument.StepTimer, status: str,
   the step's FLOP count, a countstep.CountStep, or None)."""
   wall_s = run.wall_s()
   cfg, data, ckpt = run.cfg, run.data, run.ckpt
-  compute_dtype = run.policy.compute_dtype
   found = figures_lib.figures(timer, cfg.batch_size, flops.per_step if flops else None,
-                              compute_dtype, run.optimizer)
+                              run.policy.compute_dtype, run.optimizer)
   cost, verdict = _checked(run, found, status)
   achieved = found["achieved_gflops"]
   # The best matmul rate `--mode=microbench` measured here, per dtype (None: not run).
   by_dtype = {d: rates.cached_gflops(d)[0] for d in ("float32", "bfloat16", "float16")}
-  measured = by_dtype.get(compute_dtype)
+  measured = by_dtype.get(run.policy.compute_dtype)
   return RunSummary(
       status=status, run_dir=str(run.run_dir), message=message,
-      policy=cfg.policy, layer_policy=cfg.layer_policy, loop=cfg.loop, model=cfg.model,
-      model_opts=cfg.model_opts,
-      batchnorm=cfg.batchnorm,
+      layer_policy=cfg.layer_policy, loop=cfg.loop, model=cfg.model,
+      model_opts=cfg.model_opts, batchnorm=cfg.batchnorm,
       dataset=cfg.dataset, data_source=data.source,
       image_size=cfg.image_size, batch_size=cfg.batch_size, input_work=cfg.input_work,
       jit_compile=cfg.jit_compile, instrument=cfg.instrument, seed=cfg.seed,
       deterministic=cfg.deterministic, resumed=bool(cfg.resume),
       checkpoints=cfg.checkpoint,
-      compute_dtype=compute_dtype, variable_dtype=run.policy.variable_dtype,
       epochs=cfg.epochs, steps_per_epoch=data.steps_per_epoch,
       n_train=data.n_train, n_val=data.n_val,
       skipped_files=len(data.skipped_files),
       skipped_file_names=data.skipped_files[:20],
       data_wait_share=found["step_time_ms"]["data_wait_share"] if cfg.instrument
       else None,
-      wall_s=round(wall_s, 3),
-      policy_verdict=verdict, policy_choice=run.before.choice, cost=cost,
-      layer_costs=run.before.layer_costs,
-      onednn_choice=run.before.onednn,
+      **dataclasses.replace(run.before, cost=cost, verdict=verdict).fields(),
       memory=_memory(run.memory),
-      flops_share_16bit=run.report["flops_share_16bit"] if run.report else None,
-      skip_causes=numerics_records.overflows_of(run.out_dir),
       microbench_gflops_by_dtype=by_dtype,
       achieved_vs_microbench=achieved / measured if achieved and measured else None,
-      util=run.sampler.stats() if run.sampler else None,
       gpu_util_absent=run.sampler.gpu_absent if run.sampler else None,
       checkpoint=ckpt.latest,
       checkpoint_ms=({"median": sorted(ckpt.save_ms)[len(ckpt.save_ms) // 2],
                       "total": sum(ckpt.save_ms), "saves": len(ckpt.save_ms)}
                      if ckpt.save_ms else None),
-      hardware=hardware.facts(),
-      **figures_lib.counted(flops),
       not_measured={"flops": flops.not_counted} if flops and flops.not_counted else {},
-      **found, **figures_lib.software(), **run.dist.summary(cfg.batch_size))
+      **figures_lib.shared(run.policy, wall_s, run.report, run.sampler, run.out_dir,
+                           found, flops), **run.dist.summary(cfg.batch_size))

@@ -2,26 +2,22 @@
 (`--mode=inspect`, the same model built without training, is mpt/train/cli/dryrun.py.)
 
 Three steps, read top to bottom in `train_and_evaluate`. Set up: `prepare(cfg)`
-(mpt/train/cli/prepare.py) checks the config, creates the tf.distribute strategy, sets the
-precision policy, loads the data, builds the model and the optimizer under the
-strategy's scope (restored from the latest checkpoint with `--resume`), inspects the
-model's dtypes and returns the `Run`; its callbacks (mpt/train/cli/callbacks.py) are made
-from it. Loop: the chosen loop (mpt/train/cli/loops.py) runs with the callbacks and a
-utilisation sampler. Finish: the run folder gets its event files, `flags.txt` (a
-flagfile that replays the run), `dtypes.json`, `checkpoints/` and `summary.json` (the
-chief alone, under multi_worker), and the run's line in `<logdir>/runs.csv`
-(mpt/records/runs.py).
+(mpt/train/cli/prepare.py: everything before step 1) returns the `Run`; its callbacks
+(mpt/train/cli/callbacks.py) are made from it. Loop: the chosen loop
+(mpt/train/cli/loops.py) runs with the callbacks and a utilisation sampler. Finish: the
+run folder gets its event files, `flags.txt` (a flagfile that replays the run),
+`dtypes.json`, `checkpoints/` and `summary.json` (the chief alone, under multi_worker),
+and the run's line in `<logdir>/runs.csv` (mpt/records/runs.py).
 
 However the loop ends, events are flushed and summary.json is written, with status
 `completed`; `interrupted` (a stop signal, SIGINT, SIGTERM, SIGHUP or SIGUSR1: a
-checkpoint is saved first, exit 128 + the signal);
-`diverged` (NaN/Inf loss or a collapsed loss scale: the last good checkpoint is left
-as it was, exit 3); or `failed` (a bug: the traceback follows). `_ending` maps each
-way out to its status and message, `finish` writes them. Then `after_run` (the
-diagnosis, passed in by mpt/main.py) reads the folder; its Markdown goes into the
-run's TensorBoard text. A run whose folder was removed while it ran (its flags.txt is
-gone) says so and writes nothing more at its end: no checkpoint, summary.json or
-diagnosis.
+checkpoint is saved first, exit 128 + the signal); `diverged` (NaN/Inf loss or a
+collapsed loss scale: the last good checkpoint is left as it was, exit 3); or `failed`
+(a bug: the traceback follows). `_ending` maps each way out to its status and message,
+`finish` writes them. Then `after_run` (the diagnosis, passed in by mpt/main.py) reads
+the folder; its Markdown goes into the run's TensorBoard text. A run whose folder was
+removed while it ran (its flags.txt is gone) says so and writes nothing more at its end:
+no checkpoint, summary.json or diagnosis.
 """
 
 import shutil
@@ -66,7 +62,10 @@ def train_and_evaluate(cfg: config.Config,
       summary = finish(run, cbs, status, message, after_run)
     finally:
       cbs.stop.uninstall()  # Every way out of finish (it may have done so already).
-  _say_done(run, status, summary)
+  # The run's last lines: where it is, its headline figures, how to look at it.
+  chief = run.dist.is_chief
+  where = run.run_dir if chief else f"{run.dist.task} (the chief wrote the outputs)"
+  ending.say_done(summary, where, run.cfg.logdir if chief else None)
   return summary.to_dict()
 
 
@@ -97,10 +96,9 @@ def _ending(e: BaseException, run: Run, cbs: RunCallbacks) -> tuple[str, str | N
                              "checkpoint saved at the stop, no summary.json or diagnosis "
                              "written")
     saved = cbs.checkpoints.save() or ckpt.latest
-    return "interrupted", (
-        f"mpt: interrupted at step {done}; checkpoint {saved}" if cfg.checkpoint
-        else f"mpt: interrupted at step {done}; "
-        "no checkpoint (--checkpoint=false): this run cannot be resumed")
+    return "interrupted", f"mpt: interrupted at step {done}; " + (
+        f"checkpoint {saved}" if cfg.checkpoint
+        else "no checkpoint (--checkpoint=false): this run cannot be resumed")
   if isinstance(e, guards.Diverged):
     return "diverged", (f"mpt: {e}; last good checkpoint: {ckpt.latest or 'none'} "
                         f"(resume with --resume={run.run_dir})")
@@ -174,10 +172,3 @@ def finish(run: Run, cbs: RunCallbacks, status: str, message: str | None,
     shutil.rmtree(run.out_dir, ignore_errors=True)
     summary.run_dir = None
   return summary
-
-
-def _say_done(run: Run, status: str, summary: RunSummary) -> None:
-  """The run's last lines: where it is, its headline figures, how to look at it."""
-  dist = run.dist
-  where = run.run_dir if dist.is_chief else f"{dist.task} (the chief wrote the outputs)"
-  ending.say_done(summary, where, run.cfg.logdir if dist.is_chief else None)

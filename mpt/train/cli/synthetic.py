@@ -24,8 +24,6 @@ from mpt import files
 # The real Imagenette classes, in the order of their wnids.
 WNIDS = ("n01440764", "n02102040", "n02979186", "n03000684", "n03028079",
          "n03394916", "n03417042", "n03425413", "n03445777", "n03888605")
-CLASS_NAMES = ("tench", "English springer", "cassette player", "chain saw", "church",
-               "French horn", "garbage truck", "gas pump", "golf ball", "parachute")
 VERSION = 1  # Bump when drawing changes, so stale caches are not reused.
 
 
@@ -69,11 +67,9 @@ def draw(label: int, rng: np.random.Generator, px: int) -> np.ndarray:
 
 def generate(root: pathlib.Path, n_train: int, n_val: int, px: int,
              seed: int) -> pathlib.Path:
-  """Writes the set under `root` once and returns its folder (cached by parameters).
-
-  The set is drawn into a temporary folder and renamed into place, so a crash or a
-  concurrent run never leaves a half-written set behind that later runs would trust.
-  """
+  """The set's folder under `root`, drawn once per parameters into a temporary folder
+  and renamed into place, so a crash or a concurrent run never leaves a half-written
+  set behind that later runs would trust."""
   final = root / f"synthetic-v{VERSION}-seed{seed}-{n_train}x{n_val}-{px}px"
   if final.is_dir():
     return final

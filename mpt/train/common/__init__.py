@@ -9,6 +9,7 @@ numerics.py   when and on which batches a run's numerics are sampled (both entri
 besteffort.py inside a script's training, a failing part is a line, never an error
 figures.py    the RunSummary figures of a step timer and an optimizer (both entries)
 plan.py       the run's flags resolved once into a typed Plan
+learnt.py     BeforeStep1: what a run learnt before step 1, one record for both entries
 stepflops.py  the step's FLOPs, counted from the ops of its traced graph
 countstep.py  when the step's FLOPs are counted (after step 1, by a callback)
 overflow.py   which op made a skipped step overflow (its batch replayed)

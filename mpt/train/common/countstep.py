@@ -97,9 +97,8 @@ class CountStep(keras.callbacks.Callback):
     """The FLOPs of the graph fit traced at its first step, as its scopes were read;
     None where fit traced none while watched (its step was traced before)."""
     keras_step, before, scopes = self._watched
-    if keras_step.experimental_get_tracing_count() == before:
-      return None
-    return stepflops.count(keras_step.get_concrete_function(*args).graph, scopes)
+    return None if keras_step.experimental_get_tracing_count() == before else \
+        stepflops.count(keras_step.get_concrete_function(*args).graph, scopes)
 
   def on_train_batch_end(self, batch, logs=None):
     if self._done:

@@ -20,9 +20,9 @@ from mpt.records.rundir import AfterRun
 from mpt.records.summary import RunSummary
 
 
-def direct(part: str, fn: Callable[..., Any], *args, **kwargs):
+def direct(part: str, fn: Callable[..., Any], *args, default=None, **kwargs):
   """A part run as it is: an error raises (the command line's own run)."""
-  del part
+  del part, default
   return fn(*args, **kwargs)
 
 
@@ -53,14 +53,11 @@ def close(summary: RunSummary, run_dir: pathlib.Path, writer: instrument.ScalarW
 def say_done(summary: RunSummary, where, logdir, what: str = "") -> None:
   """The run's last line: where it is, its headline figures, how to look at it
   (`logdir` None: a worker that wrote no outputs)."""
-  parts = [f"mpt: {summary.status}: {where}"] + ([what] if what else []) + \
-      [f"{summary.steps} steps"]
-  if summary.ms_per_step:
-    parts.append(f"{summary.ms_per_step:.1f} ms/step")
-  if summary.val_accuracy is not None:
-    parts.append(f"val_accuracy {summary.val_accuracy:.3f}")
-  parts.append(f"wall {summary.wall_s:.0f} s")
-  print(", ".join(parts), flush=True)
+  parts = [f"mpt: {summary.status}: {where}", what, f"{summary.steps} steps",
+           summary.ms_per_step and f"{summary.ms_per_step:.1f} ms/step",
+           summary.val_accuracy is not None and f"val_accuracy {summary.val_accuracy:.3f}",
+           f"wall {summary.wall_s:.0f} s"]
+  print(", ".join(p for p in parts if p), flush=True)
   if logdir is not None:
     print(f"mpt: look: tensorboard --logdir {logdir}", flush=True)
 

@@ -3,15 +3,18 @@ RunSummary fields the command line's run (mpt/train/cli/record.py) and a user's 
 `model.fit` or loop (mpt/train/script/library.py) both fill the same way, and the
 software the run ran on."""
 
+import pathlib
 import platform
-from typing import Any
+from typing import Any, Callable
 
 import keras
 import tensorflow as tf
 
 from mpt.machine import hardware
 from mpt.measure import instrument
+from mpt.records import numerics as numerics_records
 from mpt.records import summary as summary_lib
+from mpt.train.common import ending
 from mpt.train.common import precision
 
 
@@ -43,6 +46,28 @@ def figures(timer: instrument.StepTimer, batch_size: int, flops_per_step: int | 
       mfu=achieved / peak if achieved and peak else None)
 
 
+def shared(policy: keras.DTypePolicy, wall_s: float, report: dict | None, sampler,
+           folder: pathlib.Path, found: dict[str, Any], flops,
+           attempt: Callable[..., Any] = ending.direct) -> dict[str, Any]:
+  """The RunSummary fields every run fills alike, `found` (`figures`) among them,
+  besides its status, message and folder; `attempt` runs the parts (a script's: best
+  effort, mpt/train/common/besteffort.py). `flops`: a countstep.CountStep, or None
+  where nothing was counted (--noinstrument); why not, where not, is its
+  `not_counted` (the caller's not_measured["flops"])."""
+  counted = flops is not None and bool(flops.per_step)
+  return dict(
+      policy=policy.name, compute_dtype=policy.compute_dtype,
+      variable_dtype=policy.variable_dtype, wall_s=round(wall_s, 3),
+      flops_share_16bit=report["flops_share_16bit"] if report else None,
+      skip_causes=attempt("numerics", numerics_records.overflows_of, folder, default=[]),
+      util=attempt("sampler", sampler.stats) if sampler else None,
+      hardware=hardware.facts(), device=hardware.device_name(),
+      tf_version=tf.__version__, keras_version=keras.__version__,
+      python_version=platform.python_version(),
+      flops_counted_by=flops.found.how if counted else None,
+      flops_matmul=flops.found.matmul if counted else None, **found)
+
+
 def accuracy(logs: dict[str, Any]) -> float | None:
   """The run's accuracy among an epoch's logs, whatever Keras named it ("accuracy",
   "acc", "binary_accuracy", "sparse_categorical_accuracy", ...): the one such figure;
@@ -63,21 +88,3 @@ def _numbers(logs: dict[str, Any]) -> dict[str, float]:
     except (TypeError, ValueError):
       continue
   return found
-
-
-def software() -> dict[str, Any]:
-  """The RunSummary fields naming the device and the software versions."""
-  return dict(device=hardware.device_name(), tf_version=tf.__version__,
-              keras_version=keras.__version__,
-              python_version=platform.python_version())
-
-
-def counted(flops) -> dict:
-  """summary.json's fields of how the step's FLOPs were counted (`flops`: a
-  countstep.CountStep, or None where nothing was counted: --noinstrument); why not,
-  where not, is its `not_counted` (the caller's not_measured["flops"])."""
-  if flops is None:
-    return {}
-  found = flops.found
-  return {"flops_counted_by": found.how if flops.per_step else None,
-          "flops_matmul": found.matmul if flops.per_step else None}

@@ -21,14 +21,6 @@ import tensorflow as tf
 
 KERAS_VERSION = "3.15"
 TF_VERSION = "2.21"
-# The private names used below, for the guard test: (object, attribute).
-PRIVATE = (("keras.Model", "_maybe_symbolic_build"),
-           ("keras.optimizers.Optimizer", "_trainable_variables"),
-           ("tf.distribute.MultiWorkerMirroredStrategy.extended",
-            "_in_multi_worker_mode"),
-           ("tf.function", "_jit_compile"), ("tf.function", "_autograph"),
-           ("tf.function", "_experimental_autograph_options"),
-           ("context.context()", "_rng"))
 
 
 def build_from_plain_batch(model: keras.Model, sample: Any) -> None:
@@ -155,21 +147,18 @@ def eager_gradient_ops(seen: Callable[[str, Any, list, list], None]):
       return getattr(registry, name)
 
     def lookup(self, op_type):
-      return gradient_of(op_type)
+      gradient = registry.lookup(op_type)
+      if gradient is None:
+        return None
 
-  def gradient_of(op_type):
-    gradient = registry.lookup(op_type)
-    if gradient is None:
-      return None
-
-    def run(op, *grads):
-      stack = local.__dict__.setdefault("ops", [])
-      stack.append(op)
-      try:
-        return gradient(op, *grads)
-      finally:
-        stack.pop()
-    return run
+      def run(op, *grads):
+        stack = local.__dict__.setdefault("ops", [])
+        stack.append(op)
+        try:
+          return gradient(op, *grads)
+        finally:
+          stack.pop()
+      return run
 
   def each(op, inputs, outputs):
     stack = getattr(local, "ops", None)

@@ -27,7 +27,6 @@ from mpt.measure import numerics as measure
 from mpt.measure import observe
 from mpt.measure import policies
 from mpt.records import numerics as records
-from mpt.records.numerics import Numerics
 from mpt.train.common import besteffort
 from mpt.train.common import keras_fit
 from mpt.train.common import overflow
@@ -42,9 +41,7 @@ def wanted(cfg: config.Config, inspect: bool = False) -> bool:
   """Whether `cfg`'s run samples its numerics."""
   if cfg.numerics != "auto":
     return cfg.numerics == "on"
-  if inspect:
-    return True
-  return Plan.of(cfg).sixteen is not None
+  return inspect or Plan.of(cfg).sixteen is not None
 
 
 @dataclasses.dataclass
@@ -64,7 +61,7 @@ class Watch(keras.callbacks.Callback):
   as `writer`'s text at the end. `parts` records what fails (default: its own, into
   numerics.json's `not_measured`)."""
 
-  def __init__(self, source: Source, found: Numerics, run_dir: pathlib.Path,
+  def __init__(self, source: Source, found: records.Numerics, run_dir: pathlib.Path,
                at_step: int, done: Callable[[], int],
                parts: besteffort.Parts | None = None, writer=None,
                ends_fit: bool = False):
@@ -128,7 +125,7 @@ class Watch(keras.callbacks.Callback):
     records.write(self.run_dir, self.found)
     print(records.one_line(sample, self.found.policy), flush=True)
 
-  def finish(self) -> Numerics:
+  def finish(self) -> records.Numerics:
     """The end's sample, numerics.json, and the table as the writer's text."""
     self.take()
     self.parts.attempt("numerics", records.write, self.run_dir, self.found)
@@ -148,9 +145,7 @@ class Watch(keras.callbacks.Callback):
 def of_data(data) -> Callable[[int], list]:
   """The run's own batches from a step on (a fresh pipeline: the training stream is
   a pure function of the seed, mpt/train/cli/data.py)."""
-  def batches(step: int) -> list:
-    return list(data.train_from(step).take(BATCHES))
-  return batches
+  return lambda step: list(data.train_from(step).take(BATCHES))
 
 
 def sparse_loss(loss: keras.losses.Loss) -> measure.Loss:
@@ -165,7 +160,7 @@ def for_run(run, loss: keras.losses.Loss, done: Callable[[], int],
   cfg = run.cfg
   if not wanted(cfg) or not run.dist.is_chief:
     return None
-  found = Numerics(cfg.policy, cfg.loss_scale if cfg.scales_loss else "none")
+  found = records.Numerics(cfg.policy, cfg.loss_scale if cfg.scales_loss else "none")
   if run.dist.replicas > 1:
     found.not_measured["numerics"] = (
         f"the model runs on {run.dist.replicas} replicas: a sample reads one device's "
@@ -180,11 +175,10 @@ def for_run(run, loss: keras.losses.Loss, done: Callable[[], int],
                writer=writer)
 
 
-def _carried(found: Numerics, run_dir: pathlib.Path, start_step: int) -> None:
+def _carried(found: records.Numerics, run_dir: pathlib.Path, start_step: int) -> None:
   """A resumed run keeps what its folder's numerics.json holds of the steps its
   checkpoint kept (samples, skipped steps replayed): it reports them as a run never
-  stopped would; the steps after them run again, and are sampled and replayed
-  again."""
+  stopped would; the steps after them run again, and are sampled and replayed again."""
   prior = records.read(run_dir) if start_step else None
   if prior is None:
     return
@@ -194,10 +188,10 @@ def _carried(found: Numerics, run_dir: pathlib.Path, start_step: int) -> None:
 
 
 def before_training(cfg: config.Config, model: keras.Model, batches: list,
-                    loss: keras.losses.Loss) -> Numerics:
+                    loss: keras.losses.Loss) -> records.Numerics:
   """One sample of the model as built (`--mode=inspect`, `--policy=auto`), said; a
   failure is said and left in its `not_measured`."""
-  found = Numerics(cfg.policy, cfg.loss_scale)
+  found = records.Numerics(cfg.policy, cfg.loss_scale)
   scale = records.DYNAMIC_START if cfg.loss_scale == "dynamic" else float(cfg.loss_scale)
   sample = besteffort.Parts(found.not_measured).attempt(
       "numerics", measure.sample, model, batches, sparse_loss(loss), 0, scale,
@@ -214,8 +208,7 @@ def unsafe(cfg: config.Config, model: keras.Model, data) -> dict[str, str]:
   model as built on the run's first batches: mixed_float16 where a layer's outputs
   leave float16's range (they would be inf). {} where none does, or where the
   sample failed (said)."""
-  found = before_training(cfg, model, list(data.train_from(0).take(BATCHES)),
-                          steps_lib.make_loss())
+  found = before_training(cfg, model, of_data(data)(0), steps_lib.make_loss())
   over, keep = records.overflow_keep([r for r in records.worst(found) if not r.pinned])
   if not over:
     return {}
@@ -261,7 +254,7 @@ def for_library(end, done: Callable[[], int], warmup_steps: int,
     return [(x, y)]
 
   name = policies.plain(policy).name  # A map's default.
-  found = Numerics(name, "dynamic" if config.scales(name) else "none")
+  found = records.Numerics(name, "dynamic" if config.scales(name) else "none")
   source = Source(model, batches, lambda: _fit_loss(model(), end.opts.api),
                   end.optimizers.loss_scale)
   watch = Watch(source, found, end.run_dir, warmup_steps + 1, done, end.parts,

@@ -78,12 +78,9 @@ def check_speed(policy: str, layer_classes, cost: Cost | None = None,
 
 def make_optimizer(policy: str, learning_rate: float, loss_scale: str = "dynamic",
                    scaled: bool | None = None) -> keras.optimizers.Optimizer:
-  """Adam; where a layer computes in float16 (`scaled`; default: under
-  mixed_float16) with dynamic loss scaling, or a fixed loss scale.
-
-  A fixed scale is Keras' `loss_scale_factor`: the loss is multiplied by it and the
-  gradients divided by it, with no skipping of non-finite steps.
-  """
+  """Adam; where a layer computes in float16 (`scaled`; default: under mixed_float16)
+  with dynamic loss scaling, or a fixed loss scale: Keras' `loss_scale_factor`, the
+  loss multiplied by it and the gradients divided by it, no non-finite step skipped."""
   if not (config.scales(policy) if scaled is None else scaled):
     return keras.optimizers.Adam(learning_rate)
   if loss_scale != "dynamic":
@@ -112,10 +109,7 @@ def scalars(optimizer: keras.optimizers.Optimizer | None, steps_run: int) -> dic
 
 
 def skipped_steps(optimizer: keras.optimizers.Optimizer, steps_run: int) -> int:
-  """Steps whose update was skipped for non-finite gradients.
-
-  A LossScaleOptimizer does not advance the inner optimizer's `iterations` on a
-  skipped step, so the gap between steps run and iterations counts them, the same way
-  for fit and the custom loop.
-  """
+  """Steps whose update was skipped for non-finite gradients: a LossScaleOptimizer
+  does not advance the inner optimizer's `iterations` on a skipped step, so the gap
+  between steps run and iterations counts them, in fit and the custom loop alike."""
   return int(steps_run - int(optimizer.iterations.numpy()))

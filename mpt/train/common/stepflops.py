@@ -27,7 +27,6 @@ the shares of 16-bit and float32 work).
 A multiply-add counts as 2 FLOPs, as everywhere in mpt.
 """
 
-import collections
 import contextlib
 import dataclasses
 import math
@@ -35,6 +34,7 @@ import re
 
 import tensorflow as tf
 
+from mpt import files
 from mpt.measure import dtypes as dtypes_lib
 from mpt.models import fused_bn
 from mpt.train.common import keras_fit
@@ -67,26 +67,25 @@ class StepFlops:
   def add(self, other: "StepFlops") -> None:
     self.total += other.total
     self.matmul += other.matmul
-    for scope, n in other.by_scope.items():
-      self.by_scope[scope] = self.by_scope.get(scope, 0) + n
-    for kind, n in other.uncounted.items():
-      self.uncounted[kind] = self.uncounted.get(kind, 0) + n
-    for dtype, n in other.by_dtype.items():
-      self.by_dtype[dtype] = self.by_dtype.get(dtype, 0) + n
-    for scope, n in other.float32_by_scope.items():
-      self.float32_by_scope[scope] = self.float32_by_scope.get(scope, 0) + n
+    for field in ("by_scope", "uncounted", "by_dtype", "float32_by_scope"):
+      for key, n in getattr(other, field).items():
+        _bump(getattr(self, field), key, n)
 
   def rename(self, path) -> None:
     """Scopes renamed by `path` (a scope -> the layer path it stands for)."""
     for field in ("by_scope", "float32_by_scope"):
-      renamed: dict[str, int] = collections.defaultdict(int)
+      renamed: dict[str, int] = {}
       for scope, n in getattr(self, field).items():
-        renamed[path(scope)] += n
-      setattr(self, field, dict(renamed))
+        _bump(renamed, path(scope), n)
+      setattr(self, field, renamed)
 
   def unknown(self, kind: str) -> None:
     """One op of type `kind` whose FLOPs the graph does not fix."""
-    self.uncounted[kind] = self.uncounted.get(kind, 0) + 1
+    _bump(self.uncounted, kind, 1)
+
+
+def _bump(counts: dict[str, int], key: str, n: int) -> None:
+  counts[key] = counts.get(key, 0) + n
 
 
 def of_step(step, *args, **kwargs) -> StepFlops:
@@ -118,8 +117,7 @@ def layer_scopes(models: list):
   for layer in {id(l): l for l in layers}.values():
     if "call" in vars(layer):  # A call set on the instance already: left as it is.
       continue
-    original, name = layer.call, layer.name
-    def call(*args, _original=original, _name=name, **kwargs):
+    def call(*args, _original=layer.call, _name=layer.name, **kwargs):
       scopes.setdefault(tf.get_current_name_scope(), _name)
       return _original(*args, **kwargs)
     object.__setattr__(layer, "call", call)
@@ -188,14 +186,12 @@ def _count_op(graph, op, found: StepFlops) -> None:
   if not flops:
     return
   found.total += flops
-  if op.type in MATMUL_OPS:
-    found.matmul += flops
-  scope = scope_of(op.name)
-  found.by_scope[scope] = found.by_scope.get(scope, 0) + flops
-  dtype = _dtype(op)
-  found.by_dtype[dtype] = found.by_dtype.get(dtype, 0) + flops
+  found.matmul += flops if op.type in MATMUL_OPS else 0
+  scope, dtype = scope_of(op.name), _dtype(op)
+  _bump(found.by_scope, scope, flops)
+  _bump(found.by_dtype, dtype, flops)
   if dtype == "float32":
-    found.float32_by_scope[scope] = found.float32_by_scope.get(scope, 0) + flops
+    _bump(found.float32_by_scope, scope, flops)
 
 
 def _dtype(op) -> str:
@@ -211,9 +207,7 @@ def scope_of(name: str) -> str:
   """The layer path an op belongs to: its name scope without the gradient's prefix
   and without the op's own trailing names (`gradient_tape/model/conv1/convolution/
   Conv2DBackpropFilter` -> `model/conv1`)."""
-  if name.startswith(_GRADIENT_SCOPE):
-    name = name[len(_GRADIENT_SCOPE):]
-  parts = name.split("/")[:-1]
+  parts = name.removeprefix(_GRADIENT_SCOPE).split("/")[:-1]
   # The op's own sub-scopes (`convolution`, `MatMul`, `einsum`) after the layer's.
   while parts and parts[-1] in _OP_SCOPES:
     parts.pop()
@@ -232,18 +226,11 @@ def _flops(graph, op) -> int | None:
   """FLOPs of one op; None: unknown (no statistic and a matmul-class op, or a shape
   only known at run time); 0: no arithmetic counted."""
   own = _OWN.get(op.type)
-  if own is not None:
-    try:
-      return own(op)
-    except (ValueError, TypeError):
-      return None
   try:
-    value = keras_fit.registered_flops(graph, op)
+    value = own(op) if own else keras_fit.registered_flops(graph, op)
   except (ValueError, TypeError):
-    return None  # A statistic that needs a shape the graph does not fix.
-  if value is None:
-    return None if op.type in MATMUL_OPS else 0
-  return value
+    return None  # A formula or statistic that needs a shape the graph does not fix.
+  return 0 if value is None and op.type not in MATMUL_OPS else value
 
 
 def _shape(tensor) -> list[int]:
@@ -293,8 +280,7 @@ def _batch_matmul(op) -> int:
   where adj_x transposes it (a weight's gradient: [b, t, in]^T x [b, t, out]), which
   counts such a product by in/t too much or too little."""
   x = _shape(op.inputs[0])
-  adj_x = op.get_attr("adj_x")
-  k = x[-2] if adj_x else x[-1]
+  k = x[-2] if op.get_attr("adj_x") else x[-1]
   return 2 * k * math.prod(_shape(op.outputs[0]))
 
 
@@ -317,14 +303,14 @@ def by_row(scopes: dict[str, int], rows: list[str],
   segments = {seg for row in rows for seg in row.split("/")}
   known, aliases = set(rows), aliases or {}
   plain = lambda p: p if p in segments else re.sub(r"_\d+$", "", p)
-  out: dict[str, int] = collections.defaultdict(int)
+  out: dict[str, int] = {}
   for scope, n in scopes.items():
     parts = [aliases.get(plain(p), plain(p)) for p in scope.split("/")]
     found = next((path for end in range(len(parts), 0, -1) for start in range(end)
                   if (path := "/".join(parts[start:end])) in known), None)
     if found:
-      out[found] += n
-  return dict(out)
+      _bump(out, found, n)
+  return out
 
 
 def _part_aliases(report: dict) -> dict[str, str]:
@@ -348,3 +334,14 @@ def into_report(report: dict, found: StepFlops, batch_size: int | None) -> None:
   aliases = _part_aliases(report)
   dtypes_lib.with_step(report, step, by_row(found.by_scope, rows, aliases),
                        found.by_dtype, by_row(found.float32_by_scope, rows, aliases))
+
+
+def into_files(report: dict | None, found: StepFlops, batch_size: int | None,
+               folder, writer) -> None:
+  """`found` into the run's dtype report (`into_report`), then its dtypes.json in
+  `folder` and its TensorBoard table (`writer`): both entries' once-counted FLOPs."""
+  if not report:
+    return
+  into_report(report, found, batch_size)
+  files.write_json(folder / "dtypes.json", report)
+  writer.text("inspect/dtypes", dtypes_lib.format_table(report, markdown=True))

@@ -22,9 +22,9 @@ class StepCost(keras.callbacks.Callback):
         1, run.timer.warmup_steps):  # Each fit's warm-up done: its step's cost.
       self.costed = len(run.program.fits)
       run.parts.attempt("cost", _stepcost().for_fit, run)
-      run.verdict = run.parts.attempt("verdict", precision.check_speed,
-                                      run.policy_name(), run.layer_classes(), run.cost,
-                                      run.opts.api)
+      run.before.verdict = run.parts.attempt(
+          "verdict", precision.check_speed, run.policy_name(), run.layer_classes(),
+          run.before.cost, run.opts.api)
 
   def on_train_end(self, logs=None):
     fits = self.run.program.fits

@@ -27,7 +27,9 @@ class Inspect(keras.callbacks.Callback):
     super().__init__()
     self.run, self.done = run, False
     # The step's FLOPs, counted after step 1, taken into dtypes.json.
-    run.flops = countstep.CountStep(run.writer.sources, counted=self._into_dtypes)
+    run.flops = countstep.CountStep(run.writer.sources, counted=lambda found: (
+        stepflops.into_files(run.report, found, run.opts.batch_size, run.run_dir,
+                             run.writer)))
 
   def on_train_batch_begin(self, batch, logs=None):
     if not self.done and self.run.opts.loop == "fit":  # Before fit traces its step.
@@ -41,11 +43,10 @@ class Inspect(keras.callbacks.Callback):
       self.run.parts.attempt("flops", self._count_flops)
 
   def _inspect(self) -> None:
-    fed = None
-    if self.run.batch is not None:  # fit's batch is (x, y, weights); a loop's is its own.
-      fed = self.run.batch
+    fed = self.run.batch  # fit's batch is (x, y, weights); a loop's is its own.
+    if fed is not None:
       if self.run.opts.loop == "fit":
-        fed = keras.utils.unpack_x_y_sample_weight(self.run.batch)[0]
+        fed = keras.utils.unpack_x_y_sample_weight(fed)[0]
       self._fed(fed)
     self.run.report = self._report(fed if len(self.run.models) == 1 else None)
     self.run.parts.attempt("trained", self._trained)
@@ -74,15 +75,6 @@ class Inspect(keras.callbacks.Callback):
       self.run.report["read_only_parts"] = [
           name for name, part in named
           if not any(id(v) in trained for v in part.weights)]
-
-  def _into_dtypes(self, found: stepflops.StepFlops) -> None:
-    """The step's FLOPs into dtypes.json and its TensorBoard table: each layer's, and
-    the shares by precision over what the step runs."""
-    if not self.run.report:
-      return
-    stepflops.into_report(self.run.report, found, self.run.opts.batch_size)
-    files.write_json(self.run.run_dir / "dtypes.json", self.run.report)
-    self.run.writer.text("inspect/dtypes", dtypes_lib.format_table(self.run.report, True))
 
   def _count_flops(self) -> None:
     """The step's FLOPs from its graph: a tracked loop's own step (Tracker.step gave

@@ -30,13 +30,11 @@ import time
 import keras
 
 from mpt.errors import UserError
-from mpt.machine import hardware
 from mpt.measure import instrument
 from mpt.measure import observe
 from mpt.measure import policies
 from mpt.measure import profiler
 from mpt.measure import sampler as sampler_lib
-from mpt.records import numerics as numerics_records
 from mpt.records import program as program_lib
 from mpt.records.summary import RunSummary
 from mpt.train.common import besteffort
@@ -49,6 +47,7 @@ from mpt.train.script import costing
 from mpt.train.script import inspect
 from mpt.train.script import watch
 from mpt.train.common.besteffort import Guarded, Parts
+from mpt.train.common.learnt import BeforeStep1
 
 def backend_check(api: str) -> None:
   """UserError unless Keras runs on TensorFlow: mpt measures TensorFlow's step."""
@@ -83,12 +82,11 @@ class RunFolder(keras.callbacks.Callback):
     self.run_dir, self.timer, self.writer, self.sampler = run_dir, timer, writer, sampler
     self.opts, self.after_run = opts, after_run
     self.not_measured = {}
-    self.cost, self.layer_costs = None, None  # stepcost.py's.
-    self.onednn = None  # What oneDNN's rewrite measured, where TF leaves it off here.
+    self.before = BeforeStep1()  # What costing.py and stepcost.py learn.
     self.parts = Parts(self.not_measured)
     self.optimizers = watch.Optimizers()
     self.program = program_lib.Program(api=opts.api, batch_size=opts.batch_size)
-    self.report, self.verdict, self.batch = None, None, None  # inspect.py's; costing.py's.
+    self.report, self.batch = None, None  # inspect.py's.
     self.latest = None  # The last batch fed.
     self.flops = None  # The step's FLOPs (inspect.py's CountStep).
     # mpt.track: how the loop ended (mpt/errors.py `ended`), and what happened.
@@ -193,7 +191,6 @@ class RunFolder(keras.callbacks.Callback):
     policy, timer = self._policy(), self.timer
     program = self._program()
     image_size = observe.image_size(program.inputs)
-    stats = timer.stats()
     found = figures_lib.figures(timer, self.opts.batch_size,
                                 self.writer.sources.flops_per_step,
                                 policy.compute_dtype, None,
@@ -204,26 +201,18 @@ class RunFolder(keras.callbacks.Callback):
         default={}))
     return RunSummary(
         status=self.status, message=self.message, run_dir=str(self.run_dir),
-        api=self.opts.api,
-        program=program, policy=policy.name, loop=self.opts.loop, model=self.name,
+        api=self.opts.api, program=program, loop=self.opts.loop, model=self.name,
         dataset="user", batchnorm="keras", image_size=image_size,
-        batch_size=self.opts.batch_size, compute_dtype=policy.compute_dtype,
-        variable_dtype=policy.variable_dtype, epochs=timer.epochs_done,
+        batch_size=self.opts.batch_size, epochs=timer.epochs_done,
         steps_per_epoch=program.fits[-1].steps_per_epoch if program.fits else None,
         checkpoints=False,
         data_wait_share=None if "data_wait" in self.not_measured
-        else stats.get("data_wait_share"),
-        wall_s=round(time.perf_counter() - self.start, 3),
-        flops_share_16bit=self.report["flops_share_16bit"] if self.report else None,
-        skip_causes=self.parts.attempt("numerics", numerics_records.overflows_of,
-                                       self.run_dir, default=[]),
-        util=self.parts.attempt("sampler", self.sampler.stats) if self.sampler else None,
-        hardware=hardware.facts(), policy_verdict=self.verdict, cost=self.cost,
-        onednn_choice=self.onednn,
-        layer_costs=self.layer_costs,
+        else timer.stats().get("data_wait_share"),
+        **self.before.fields(),
         layer_policy=policies.entries(keras.mixed_precision.global_policy()),
-        not_measured=self.not_measured, **figures_lib.counted(self.flops),
-        **found, **figures_lib.software())
+        not_measured=self.not_measured, **figures_lib.shared(
+            policy, time.perf_counter() - self.start, self.report, self.sampler,
+            self.run_dir, found, self.flops, self.parts.attempt))
 
 
 def make(run_dir: str, opts: Options, *, warmup_steps: int = 5, log_every: int = 10,

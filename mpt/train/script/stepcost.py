@@ -21,7 +21,6 @@ from mpt.measure import rewrite
 from mpt.measure import policies
 from mpt.records import cost as cost_lib
 from mpt.records import layers as layer_records
-from mpt.records.cost import Cost
 from mpt.train.before_step1 import cost as timing
 from mpt.train.before_step1 import layers as layers_lib
 from mpt.train.before_step1 import scriptcost
@@ -47,9 +46,8 @@ def _strategy(model: keras.Model) -> str | None:
   """The tf.distribute strategy `model` was built under, by class name; None for none
   (the default strategy, which is the one outside every scope)."""
   strategy = getattr(model, "distribute_strategy", None)
-  if strategy is None or strategy is tf.distribute.get_strategy():
-    return None
-  return type(strategy).__name__
+  return None if strategy in (None, tf.distribute.get_strategy()) else \
+      type(strategy).__name__
 
 
 def _step(folder) -> scriptcost.Step:
@@ -64,13 +62,12 @@ def _planned(folder) -> int | None:
   """The fit's planned steps, where Keras knows them (None: a loop, or data without
   a length)."""
   params = folder.params or {}
-  if folder.opts.loop != "fit" or not params.get("steps"):
-    return None
-  return params["steps"] * params.get("epochs", 1)
+  return params["steps"] * params.get("epochs", 1) \
+      if folder.opts.loop == "fit" and params.get("steps") else None
 
 
 def for_fit(folder) -> None:
-  """This fit's step cost per policy into `folder.cost` and the fit's record, said;
+  """This fit's step cost per policy into `folder.before.cost` and the fit's record, said;
   what is not measured into `not_measured`. A fit whose step is the previous fit's
   (the same key) keeps its cost."""
   fit = folder.program.fits[-1]
@@ -92,14 +89,14 @@ def for_fit(folder) -> None:
     print(f"mpt: note: {note}", flush=True)
     return
   folder.not_measured.pop("cost", None)
-  folder.cost = fit.cost = found
+  folder.before.cost = fit.cost = found
   length = "" if _planned(folder) else ", the run's length unknown: no share of it bounds it"
   print(cost_lib.one_line(found, "on" if found.onednn else "off")
         + f" ({found.timed}{length})", flush=True)
-  folder.layer_costs = folder.parts.attempt(
+  folder.before.layer_costs = folder.parts.attempt(
       "layer_costs", _layers, folder, step, optimizers, found)
-  if folder.onednn is None:
-    folder.onednn = folder.parts.attempt("onednn", _rewrite, step)
+  if folder.before.onednn is None:
+    folder.before.onednn = folder.parts.attempt("onednn", _rewrite, step)
 
 
 def _rewrite(step: scriptcost.Step):
@@ -132,15 +129,13 @@ def check(folder) -> None:
   checked = timing.checked_by_run(fit.cost, folder.policy_name(), "", fit.ms_per_step,
                                   steps, str(folder.run_dir))
   if checked is not fit.cost:
-    print(f"mpt: note: the step's cost per policy: {checked.of(folder.policy_name()).from_run}",
-          flush=True)
-    folder.cost = fit.cost = checked
-    folder.verdict = folder.parts.attempt(  # Said at step 1; recorded as the run ends.
+    folder.before.cost = fit.cost = checked
+    folder.before.verdict = folder.parts.attempt(  # Said at step 1; recorded as the run ends.
         "verdict", precision.check_speed, folder.policy_name(), folder.layer_classes(),
-        folder.cost, folder.opts.api, say=False)
+        folder.before.cost, folder.opts.api, say=False)
 
 
-def _layers(folder, step: scriptcost.Step, optimizers: list, cost: Cost):
+def _layers(folder, step: scriptcost.Step, optimizers: list, cost: cost_lib.Cost):
   """The per-layer cost where the program's 16-bit policy measured slower than float32
   (layers_lib.SLOWER, the command line's rule), said, with its plan's policy map."""
   own, model = folder.policy_name(), step.models[0]

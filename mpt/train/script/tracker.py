@@ -34,7 +34,6 @@ import keras
 import numpy as np
 
 from mpt import errors
-from mpt.errors import UserError
 from mpt.train.common import besteffort
 from mpt.train.script import library
 
@@ -45,7 +44,8 @@ def _materialised(out) -> dict[str, float]:
   dict's by key, nested ones joined by "/"; non-scalars are read back, not logged."""
   if out is None:
     return {}
-  leaves = [((), out)] if _leaf(out) else keras.tree.flatten_with_path(out)
+  leaves = [((), out)] if not isinstance(out, (dict, list, tuple)) else \
+      keras.tree.flatten_with_path(out)
   found = {}
   for path, value in leaves:
     name = "/".join(f"output_{p}" if isinstance(p, int) and i == 0 else str(p)
@@ -57,10 +57,6 @@ def _materialised(out) -> dict[str, float]:
     except (TypeError, ValueError):  # Not a number: nothing to log.
       continue
   return found
-
-
-def _leaf(value) -> bool:
-  return not isinstance(value, (dict, list, tuple))
 
 
 class Tracker:
@@ -90,8 +86,8 @@ class Tracker:
     @functools.wraps(fn)
     def tracked(*args, **kwargs):
       if not self.open:
-        raise UserError("mpt.track: a tracked step was called outside `with run:`; "
-                        "enter the run first (it opens the run folder)")
+        raise errors.UserError("mpt.track: a tracked step was called outside `with run:`; "
+                               "enter the run first (it opens the run folder)")
       batch = self.counter.done
       if args:  # The inspection's real batch, where it fits the model.
         self.folder.keep(args[0])
@@ -140,8 +136,7 @@ class Tracker:
               "step = run.step(train_step), then call step(...)); nothing was "
               "measured, no summary.json written", file=sys.stderr, flush=True)
       return
-    self.folder.status, self.folder.message = errors.ended(
-        error if kind is not None else None)
+    self.folder.status, self.folder.message = errors.ended(error)
     if self.epoch == 0:  # No end_epoch: the run's metrics are the last step's.
       self.folder.timer.epoch_logs = dict(self.last_logs)
       self.folder.not_measured["epochs"] = (

@@ -57,11 +57,9 @@ def find(models, given) -> list[keras.optimizers.Optimizer]:
     return list(given) if isinstance(given, (list, tuple)) else [given]
   found = []
   for model in models:
-    values = [getattr(model, "optimizer", None)] + list(vars(model).values())
-    for value in values:
+    for value in [getattr(model, "optimizer", None), *vars(model).values()]:
       for v in (value if isinstance(value, (list, tuple)) else [value]):
-        if isinstance(v, keras.optimizers.Optimizer) and \
-            all(v is not f for f in found):
+        if isinstance(v, keras.optimizers.Optimizer) and all(v is not f for f in found):
           found.append(v)
   return found
 
@@ -133,15 +131,8 @@ def _record(w: Watched, steps: int) -> OptimizerRecord:
 
 def _count_calls(w: Watched) -> None:
   """Counts the program's calls of the optimizer's scale_loss() and apply()."""
-  opt = w.opt
-  scale_loss, apply = opt.scale_loss, opt.apply
-
-  def counted_scale_loss(*args, **kwargs):
-    w.scale_calls += 1
-    return scale_loss(*args, **kwargs)
-
-  def counted_apply(*args, **kwargs):
-    w.apply_calls += 1
-    return apply(*args, **kwargs)
-
-  opt.scale_loss, opt.apply = counted_scale_loss, counted_apply
+  for method, count in (("scale_loss", "scale_calls"), ("apply", "apply_calls")):
+    def counted(*args, _fn=getattr(w.opt, method), _count=count, **kwargs):
+      setattr(w, _count, getattr(w, _count) + 1)
+      return _fn(*args, **kwargs)
+    setattr(w.opt, method, counted)
