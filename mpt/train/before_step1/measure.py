@@ -1,6 +1,7 @@
 """What a run learns before its first step, made once: `before_step1(...)` ->
 `BeforeStep1` (mpt/train/common/learnt.py, the record a script's run fills too), and
-`with_model(...)` once the run's model is built.
+`with_model(...)` once the run's model is built: its verdict, per-layer cost, dtype
+report and memory plan.
 
 In order: TF's oneDNN rewrite (chosen in the supervisor's process, onednn_choice.py);
 this model's step timed per policy (cost.py, the one timer; a policy whose
@@ -15,13 +16,18 @@ holds each per-policy figure once (mpt/records/summary.py).
 """
 
 import dataclasses
+import pathlib
 import time
 from typing import Any
 
 import keras
+import numpy as np
+import tensorflow as tf
 
 from mpt import config
 from mpt.machine import gpu_table
+from mpt.measure import dtypes as dtypes_lib
+from mpt.measure import memory
 from mpt.records import cost as cost_records
 from mpt.records import layers as layer_records
 from mpt.train.before_step1 import autopolicy
@@ -37,16 +43,25 @@ from mpt.train.common.model import build_model
 
 
 def with_model(found: BeforeStep1, model: keras.Model, planned_steps: int,
-               alone: bool) -> None:
-  """Into `found`: the verdict on the run's policy over the run's `model`, and, for a
-  run `alone` (one process, the chief), the per-layer cost where it explains a
-  slowdown (auto has read it already)."""
+               dist: Any, remove: pathlib.Path | None) -> None:
+  """Into `found`, once the run's `model` is built (under `dist`, its distribute
+  setup): the verdict on the run's policy over it; for a run alone (one process, the
+  chief), the per-layer cost where it explains a slowdown (auto has read it already);
+  its dtype report and the memory plan, WillNotFit (`remove`: a new run's folder,
+  removed) where the step will not fit, unless --force."""
   cfg = found.cfg
   found.verdict = precision.check_speed(cfg.policy, precision.layer_classes(model),
                                         found.cost)
-  if found.choice is None and alone:
+  if found.choice is None and dist.is_chief and dist.workers == 1:
     found.layer_costs = layers_lib.said(lambda: layers_lib.for_run(
         cfg, model, found.cost, planned_steps), cfg.policy, found.cost)
+  memory.reset_peak()  # This run's peak, not an earlier one's in the same process.
+  with dist.strategy.scope():  # The memory estimate's layer sizes, and dtypes.json.
+    found.report = dtypes_lib.inspect_model(model, seed=cfg.seed)
+  found.memory = preflight.for_run(
+      cfg, found.report, sum(int(np.prod(v.shape)) for v in model.trainable_variables),
+      dist.replicas, dist.workers, gpu=bool(tf.config.list_logical_devices("GPU")),
+      remove=remove)
 
 
 def before_step1(cfg: config.Config, data: Any, workers: int) -> BeforeStep1:

@@ -16,7 +16,6 @@ from typing import Any
 
 from absl import logging
 import keras
-import numpy as np
 import tensorflow as tf
 
 from mpt import config
@@ -26,17 +25,14 @@ from mpt import speech
 from mpt import supervisor
 from mpt.errors import UserError
 from mpt.measure import dtypes as dtypes_lib
-from mpt.measure import memory
 from mpt.measure import policies
 from mpt.measure import profiler
 from mpt.measure import sampler as sampler_lib
 from mpt.records import rundir
-from mpt.records.memory import MemoryPlan
 from mpt.train.cli import checkpoint
 from mpt.train.cli import data as data_lib
 from mpt.train.cli import distribute
 from mpt.train.common import precision
-from mpt.train.before_step1 import preflight
 from mpt.train.before_step1 import measure
 from mpt.train.common.learnt import BeforeStep1
 from mpt.train.common.model import build_model
@@ -61,10 +57,15 @@ class Run:
   prior: dict[str, Any]  # The resumed checkpoint's state ({} for a fresh run).
   started: float  # time.perf_counter() when the run began.
   window: tuple[int, int] | None  # --profile_steps (None: no profile, or not chief).
-  report: dict[str, Any] | None  # The dtype inspection (None: --noinstrument).
-  memory: MemoryPlan | None  # The preflight's plan (preflight.for_run).
   sampler: sampler_lib.Sampler | None  # The chief's, with --instrument.
-  before: BeforeStep1  # What was learnt before step 1 (mpt/train/before_step1/).
+  # What was learnt before step 1 (mpt/train/before_step1/), its dtype report and
+  # memory plan included.
+  before: BeforeStep1
+
+  @property
+  def report(self) -> dict[str, Any] | None:
+    """The dtype report the run records (None: --noinstrument)."""
+    return self.before.report if self.cfg.instrument else None
 
   def wall_s(self) -> float:
     """The run's wall time so far, its attempts before a resume included."""
@@ -110,23 +111,21 @@ def prepare(cfg: config.Config) -> Run:
     optimizer.build(model.trainable_variables)  # Its slots must exist to be restored.
   if cfg.layer_policy and dist.is_chief:  # The plan in the form a script applies.
     _write_plan(cfg, model, out_dir, before.choice is not None)
-  measure.with_model(before, model, cfg.epochs * data.steps_per_epoch,
-                     alone=dist.is_chief and dist.workers == 1)
-  inspected, mem = _inspect(cfg, model, dist, run_dir)
+  measure.with_model(before, model, cfg.epochs * data.steps_per_epoch, dist,
+                     remove=run_dir if not cfg.resume and dist.is_chief else None)
   ckpt = checkpoint.Checkpointer(run_dir, model, optimizer, cfg.keep_checkpoints,
                                  write_dir=out_dir)
   start_step, prior = _restore(cfg, ckpt, run_dir, dist)
-  report = inspected if cfg.instrument else None
-  if report:
-    files.write_json(out_dir / "dtypes.json", report)
+  if cfg.instrument:
+    files.write_json(out_dir / "dtypes.json", before.report)
     if dist.is_chief:
-      print(dtypes_lib.one_line(report), flush=True)
+      print(dtypes_lib.one_line(before.report), flush=True)
   sampler = sampler_lib.Sampler(cfg.sample_every, state=prior.get("sampler")) \
       if cfg.instrument and dist.is_chief else None
   return Run(cfg=cfg, dist=dist, data=data, policy=policy, run_dir=run_dir,
              out_dir=out_dir, model=model, optimizer=optimizer, ckpt=ckpt,
              start_step=start_step, prior=prior, started=started, window=window,
-             report=report, memory=mem, sampler=sampler, before=before)
+             sampler=sampler, before=before)
 
 
 def _write_plan(cfg: config.Config, model: keras.Model, out_dir: pathlib.Path,
@@ -187,20 +186,6 @@ def _folders(cfg: config.Config,
   # deleted at its end (it must still take part in every checkpoint save).
   out_dir = pathlib.Path(tempfile.mkdtemp(prefix=f"mpt-{dist.task.replace(':', '')}-"))
   return (run_dir if cfg.resume else out_dir), out_dir
-
-
-def _inspect(cfg: config.Config, model: keras.Model, dist: distribute.Setup,
-             run_dir: pathlib.Path) -> tuple[dict[str, Any], MemoryPlan]:
-  """(the dtype report, the memory plan); WillNotFit (a new run's folder removed)
-  where the step will not fit, unless --force."""
-  memory.reset_peak()  # This run's peak, not an earlier one's in the same process.
-  with dist.strategy.scope():  # The memory estimate's layer sizes, and dtypes.json.
-    inspected = dtypes_lib.inspect_model(model, seed=cfg.seed)
-  mem = preflight.for_run(
-      cfg, inspected, sum(int(np.prod(v.shape)) for v in model.trainable_variables),
-      dist.replicas, dist.workers, gpu=bool(tf.config.list_logical_devices("GPU")),
-      remove=run_dir if not cfg.resume and dist.is_chief else None)
-  return inspected, mem
 
 
 def _restore(cfg: config.Config, ckpt: checkpoint.Checkpointer, run_dir: pathlib.Path,

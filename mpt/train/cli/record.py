@@ -87,7 +87,7 @@ def build(run: Run, timer: instrument.StepTimer, status: str,
       data_wait_share=found["step_time_ms"]["data_wait_share"] if cfg.instrument
       else None,
       **dataclasses.replace(run.before, cost=cost, verdict=verdict).fields(),
-      memory=_memory(run.memory),
+      memory=_memory(run.before.memory),
       microbench_gflops_by_dtype=by_dtype,
       achieved_vs_microbench=achieved / measured if achieved and measured else None,
       gpu_util_absent=run.sampler.gpu_absent if run.sampler else None,

@@ -108,9 +108,10 @@ def _ending(e: BaseException, run: Run, cbs: RunCallbacks) -> tuple[str, str | N
     return "interrupted", _lost_worker(e, run, done)
   if isinstance(e, tf.errors.ResourceExhaustedError):  # An allocation TF can't make.
     first = (str(e).strip().splitlines() or [""])[0][:300]
+    plan = run.before.memory
     return "oom", (f"mpt: out of memory at step {done + 1}: {first}; the estimate was "
-                   f"{memory.human(run.memory.estimate.total_mb)} with "
-                   f"{memory.human(run.memory.available_mb)} available (a smaller "
+                   f"{memory.human(plan.estimate.total_mb)} with "
+                   f"{memory.human(plan.available_mb)} available (a smaller "
                    "--batch_size or a 16-bit --policy needs less)")
   return errors.ended(e)  # Failed: summary.json keeps why; the traceback follows.
 

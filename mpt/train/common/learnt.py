@@ -1,7 +1,7 @@
 """What a run learnt before its first step, one record for both entries: the command
 line's (mpt/train/before_step1/measure.py fills it before step 1) and a script's
-(mpt/train/script/stepcost.py fills it after each fit's warm-up). summary.json takes
-its fields from `fields()`, whoever filled it.
+(mpt/train/script/inspect.py and stepcost.py fill it after the first step and each
+fit's warm-up). summary.json takes its fields from `fields()`, whoever filled it.
 """
 
 import dataclasses
@@ -9,6 +9,7 @@ from typing import Any
 
 from mpt.records.cost import Cost, OnednnChoice
 from mpt.records.layers import LayerCosts
+from mpt.records.memory import MemoryPlan
 from mpt.records.verdict import PolicyChoice, PolicyVerdict
 
 
@@ -24,6 +25,8 @@ class BeforeStep1:
   choice: PolicyChoice | None = None  # --policy=auto's record.
   layer_costs: LayerCosts | None = None  # Its layers per policy.
   verdict: PolicyVerdict | None = None  # The run's policy against the cost.
+  report: dict[str, Any] | None = None  # The run's model's dtype report (dtypes.json).
+  memory: MemoryPlan | None = None  # The memory preflight's plan (the command line's).
 
   def fields(self) -> dict[str, Any]:
     """RunSummary's fields of what was learnt."""

@@ -28,7 +28,7 @@ class Inspect(keras.callbacks.Callback):
     self.run, self.done = run, False
     # The step's FLOPs, counted after step 1, taken into dtypes.json.
     run.flops = countstep.CountStep(run.writer.sources, counted=lambda found: (
-        stepflops.into_files(run.report, found, run.opts.batch_size, run.run_dir,
+        stepflops.into_files(run.before.report, found, run.opts.batch_size, run.run_dir,
                              run.writer)))
 
   def on_train_batch_begin(self, batch, logs=None):
@@ -43,71 +43,75 @@ class Inspect(keras.callbacks.Callback):
       self.run.parts.attempt("flops", self._count_flops)
 
   def _inspect(self) -> None:
-    fed = self.run.batch  # fit's batch is (x, y, weights); a loop's is its own.
+    run = self.run
+    fed = run.batch  # fit's batch is (x, y, weights); a loop's is its own.
     if fed is not None:
-      if self.run.opts.loop == "fit":
+      if run.opts.loop == "fit":
         fed = keras.utils.unpack_x_y_sample_weight(fed)[0]
       self._fed(fed)
-    self.run.report = self._report(fed if len(self.run.models) == 1 else None)
-    self.run.parts.attempt("trained", self._trained)
-    files.write_json(self.run.run_dir / "dtypes.json", self.run.report)
-    print(dtypes_lib.one_line(self.run.report), flush=True)
-    self.run.writer.text("inspect/dtypes", dtypes_lib.format_table(self.run.report, True))
+    report = run.before.report = self._report(fed if len(run.models) == 1 else None)
+    run.parts.attempt("trained", self._trained, report)
+    files.write_json(run.run_dir / "dtypes.json", report)
+    print(dtypes_lib.one_line(report), flush=True)
+    run.writer.text("inspect/dtypes", dtypes_lib.format_table(report, True))
 
-  def _trained(self) -> None:
+  def _trained(self, report: dict) -> None:
     """Which parameters the step trains (those its optimizers step, known once they
     were built by step 1): `trained_params`, and the parts it only reads (an EMA copy,
     a frozen teacher) as `read_only_parts`."""
-    trained = {id(v) for o in watch.find(self.run.models, self.run.opts.optimizer)
+    models = self.run.models
+    trained = {id(v) for o in watch.find(models, self.run.opts.optimizer)
                for v in keras_fit.trained_variables(o)}
     if not trained:
-      self.run.not_measured["trained"] = "no built optimizer found: which weights train is unknown"
+      self.run.not_measured["trained"] = ("no built optimizer found: which weights "
+                                          "train is unknown")
       return
-    if len(self.run.models) == 1 and not observe.has_call(self.run.models[0]):
-      found = observe.parts(self.run.models[0])
-      named = zip(observe.part_names(self.run.models[0], found), found)
+    if len(models) == 1 and not observe.has_call(models[0]):
+      found = observe.parts(models[0])
+      named = zip(observe.part_names(models[0], found), found)
     else:
-      named = zip(observe.part_names(None, self.run.models), self.run.models)
-    weights = {id(v): v for m in self.run.models for v in m.weights}
-    self.run.report["trained_params"] = sum(
+      named = zip(observe.part_names(None, models), models)
+    weights = {id(v): v for m in models for v in m.weights}
+    report["trained_params"] = sum(
         int(np.prod(v.shape)) for i, v in weights.items() if i in trained)
-    if "parts" in self.run.report:
-      self.run.report["read_only_parts"] = [
-          name for name, part in named
-          if not any(id(v) in trained for v in part.weights)]
+    if "parts" in report:
+      report["read_only_parts"] = [name for name, part in named
+                                   if not any(id(v) in trained for v in part.weights)]
 
   def _count_flops(self) -> None:
     """The step's FLOPs from its graph: a tracked loop's own step (Tracker.step gave
     it), else the train_step fit runs, traced for the first batch fit fed."""
-    self.run.flops.set_model(self.model)
-    if self.run.flops.step is None:
-      self.run.flops.default_args = (self.run.batch,) if self.run.batch is not None else None
-    self.run.flops.on_train_batch_end(0)
-    if self.run.flops.not_counted:
-      self.run.not_measured["flops"] = self.run.flops.not_counted
+    run, flops = self.run, self.run.flops
+    flops.set_model(self.model)
+    if flops.step is None:
+      flops.default_args = (run.batch,) if run.batch is not None else None
+    flops.on_train_batch_end(0)
+    if flops.not_counted:
+      run.not_measured["flops"] = flops.not_counted
 
   def _fed(self, x) -> None:
     """What the program fed (its inputs' shapes), and its batch checked against the
     one given to mpt: the figures per example follow the batch fed."""
-    self.run.program.inputs = observe.describe_inputs(x)
+    run = self.run
+    run.program.inputs = observe.describe_inputs(x)
     leaves = [t for t in keras.tree.flatten(x) if hasattr(t, "shape") and len(t.shape)]
     real = int(leaves[0].shape[0]) if leaves and leaves[0].shape[0] else None
-    if real and real != self.run.opts.batch_size:
-      print(f"mpt: {self.run.opts.api}: batch_size={self.run.opts.batch_size} given, but the "
+    if real and real != run.opts.batch_size:
+      print(f"mpt: {run.opts.api}: batch_size={run.opts.batch_size} given, but the "
             f"first batch fed has {real} examples: the figures per example use {real}",
             file=sys.stderr, flush=True)
-      self.run.program.batch_size_given = self.run.opts.batch_size
-      self.run.opts.batch_size = self.run.writer.batch_size = self.run.program.batch_size = real
+      run.program.batch_size_given = run.opts.batch_size
+      run.opts.batch_size = run.writer.batch_size = run.program.batch_size = real
 
   def _report(self, x):
     """The dtype report: on the real batch where it fits the model, else on the
     inputs the model declares; of each model, for several."""
-    shape = self.run.opts.input_shape
-    if len(self.run.models) > 1:
-      return dtypes_lib.inspect_parts(self.run.name, self.run.models)
+    run, shape = self.run, self.run.opts.input_shape
+    if len(run.models) > 1:
+      return dtypes_lib.inspect_parts(run.name, run.models)
     if x is not None and not shape:
       try:
-        return dtypes_lib.inspect_model(self.run.models[0], x=x)
+        return dtypes_lib.inspect_model(run.models[0], x=x)
       except Exception:  # pylint: disable=broad-except
         pass  # The batch is not the model's input (a GAN's images): its declared one.
-    return dtypes_lib.inspect_model(self.run.models[0], input_shape=shape)
+    return dtypes_lib.inspect_model(run.models[0], input_shape=shape)

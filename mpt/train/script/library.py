@@ -86,7 +86,7 @@ class RunFolder(keras.callbacks.Callback):
     self.parts = Parts(self.not_measured)
     self.optimizers = watch.Optimizers()
     self.program = program_lib.Program(api=opts.api, batch_size=opts.batch_size)
-    self.report, self.batch = None, None  # inspect.py's.
+    self.batch = None  # The first batch fed (inspect.py's).
     self.latest = None  # The last batch fed.
     self.flops = None  # The step's FLOPs (inspect.py's CountStep).
     # mpt.track: how the loop ended (mpt/errors.py `ended`), and what happened.
@@ -180,7 +180,7 @@ class RunFolder(keras.callbacks.Callback):
     fit = self.program.fits[-1] if self.program.fits else None
     if fit is not None:
       fit.steps = self.timer.steps - sum(f.steps for f in self.program.fits[:-1])
-    inputs = self.program.inputs or (self.report or {}).get("inputs") or {}
+    inputs = self.program.inputs or (self.before.report or {}).get("inputs") or {}
     return dataclasses.replace(
         self.program, policy=self._policy().name, inputs=inputs,
         models=[m.name for m in self.models],
@@ -211,7 +211,7 @@ class RunFolder(keras.callbacks.Callback):
         **self.before.fields(),
         layer_policy=policies.entries(keras.mixed_precision.global_policy()),
         not_measured=self.not_measured, **figures_lib.shared(
-            policy, time.perf_counter() - self.start, self.report, self.sampler,
+            policy, time.perf_counter() - self.start, self.before.report, self.sampler,
             self.run_dir, found, self.flops, self.parts.attempt))
 
 

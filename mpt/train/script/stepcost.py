@@ -90,7 +90,8 @@ def for_fit(folder) -> None:
     return
   folder.not_measured.pop("cost", None)
   folder.before.cost = fit.cost = found
-  length = "" if _planned(folder) else ", the run's length unknown: no share of it bounds it"
+  length = ("" if _planned(folder)
+            else ", the run's length unknown: no share of it bounds it")
   print(cost_lib.one_line(found, "on" if found.onednn else "off")
         + f" ({found.timed}{length})", flush=True)
   folder.before.layer_costs = folder.parts.attempt(
@@ -130,7 +131,8 @@ def check(folder) -> None:
                                   steps, str(folder.run_dir))
   if checked is not fit.cost:
     folder.before.cost = fit.cost = checked
-    folder.before.verdict = folder.parts.attempt(  # Said at step 1; recorded as the run ends.
+    # Said at step 1; recorded as the run ends.
+    folder.before.verdict = folder.parts.attempt(
         "verdict", precision.check_speed, folder.policy_name(), folder.layer_classes(),
         folder.before.cost, folder.opts.api, say=False)
 
