@@ -27,6 +27,9 @@ The suite reads no fact of the host it could get wrong on another machine:
 - After each test the global precision policy is float32 again, op determinism is off
   and os.environ is the session's, whatever the test did; child processes a test
   started are killed.
+- The session's cost is printed after pytest's summary: its wall time and the CPU-seconds
+  the whole machine spent meanwhile (/proc/stat: the workers, every process they
+  started, and anything else running), the figure the suite's budget is counted in.
 - What the worker imported (TensorFlow, Keras, mpt, the test modules) is frozen out of
   Python's collections once collection ends (`gc.freeze`), as `python -m mpt.main` does
   for its imports: each later full collection walks only what the tests made. At the
@@ -38,6 +41,7 @@ import os
 import pathlib
 import shutil
 import tempfile
+import time
 
 # Before TensorFlow starts: what the host offers, then hide it for the session. The
 # original is kept in the environment because pytest-xdist's workers inherit ours.
@@ -86,6 +90,9 @@ KERNELS_OF = {"intel_spr_amx_recorded.txt": "intel_spr_amx_recorded.json",
               "amd_epyc_zen4_dev_machine.txt": "amd_epyc_zen4_recorded.json"}
 
 
+_STARTED = pytest.StashKey[tuple]()
+
+
 def pytest_addoption(parser):
   parser.addoption(
       "--cpuinfo", default=DEFAULT_CPUINFO,
@@ -116,6 +123,31 @@ def pytest_configure(config):
   config.add_cleanup(lambda: shutil.rmtree(cache, ignore_errors=True))
   if config.getoption("write_goldens"):  # The only way in: the import popped it.
     os.environ["MPT_GOLDEN"] = "write"
+
+
+def _cpu_seconds() -> float | None:
+  """The CPU-seconds the machine has spent since boot (user, nice, system, irq,
+  softirq: not idle or iowait), from /proc/stat; None where there is none."""
+  try:
+    fields = pathlib.Path("/proc/stat").read_text().split("\n", 1)[0].split()
+  except OSError:
+    return None
+  return sum(int(fields[i]) for i in (1, 2, 3, 6, 7)) / os.sysconf("SC_CLK_TCK")
+
+
+def pytest_sessionstart(session):
+  session.config.stash[_STARTED] = (time.perf_counter(), _cpu_seconds())
+
+
+def pytest_terminal_summary(terminalreporter, config):
+  if hasattr(config, "workerinput") or _STARTED not in config.stash:
+    return  # A pytest-xdist worker: the controller says it for the session.
+  wall0, cpu0 = config.stash[_STARTED]
+  cpu1 = _cpu_seconds()
+  cpu = f"{cpu1 - cpu0:,.0f} CPU-seconds machine-wide (/proc/stat)" \
+      if cpu0 is not None and cpu1 is not None else "CPU-seconds unknown (no /proc/stat)"
+  terminalreporter.write_line(f"mpt: the suite took {time.perf_counter() - wall0:,.0f} s "
+                              f"wall, {cpu} on {os.cpu_count()} CPUs")
 
 
 def pytest_report_header(config):

@@ -105,7 +105,8 @@ def test_links_point_at_files_and_headings_of_the_repository(page):
 def test_the_readme_states_the_suites_size(request):
   """The one count of the tests (README's Development section), against what this
   session collected: checked when the whole suite was asked for, as the README's
-  test command asks (a subset, -k or -m collects fewer)."""
+  test command asks (a subset, -k or -m collects fewer): on any other run it skips,
+  so it can only fail on a whole-suite run."""
   opts = request.config.option
   asked = [ROOT / a for a in request.config.args]
   whole = [p.resolve() for p in asked] == [(ROOT / "tests").resolve()]
@@ -143,3 +144,12 @@ def test_every_rooms_docstring_names_every_module_in_it(tmp_path):
   for name in ("kept.py", "new.py"):
     (tmp_path / "mpt" / "room" / name).write_text("")
   assert unnamed_modules(tmp_path / "mpt") == {"mpt/room": ["new.py"]}
+
+
+def test_the_usage_page_counts_the_programs_of_the_corpus():
+  """docs/usage.md says how many programs tests/train/script/programs holds."""
+  folder = ROOT / "tests" / "train" / "script" / "programs"
+  programs = [p for p in folder.glob("*.py") if p.stem not in ("__init__", "run_all")]
+  said = re.search(r"programs/` holds (\d+) short programs",
+                   (ROOT / "docs" / "usage.md").read_text())
+  assert said and int(said.group(1)) == len(programs)

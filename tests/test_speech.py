@@ -31,3 +31,16 @@ def test_the_command_lines_advice_is_unchanged():
   # A whole command anyone can run is not a flag left over; --mode and --run neither.
   assert speech.flags_left("rerun: `python -m mpt --model=a:b --policy=x`; then "
                            "--mode=diagnose --run=logs/r") == []
+
+
+def test_the_plan_line_names_the_layers_the_map_cannot_hold():
+  """docs/usage.md: a plan that moves layers Keras cannot key (no weights, no path)
+  lists them in the line it prints, beside the file and how a script applies it."""
+  where = "logs/r/policy_map.json"
+  line = speech.plan_line(where, ["gap", "mha/softmax"])
+  assert line.startswith(f"mpt: the plan as a Keras DTypePolicyMap: {where}; ")
+  assert speech.apply_line(where) in line
+  assert "not in it: gap, mha/softmax (" in line, line
+  assert "set dtype= on them" in line
+  # Every layer keyed: nothing said to be missing.
+  assert "not in it" not in speech.plan_line(where, [])

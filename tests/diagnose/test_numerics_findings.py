@@ -243,6 +243,29 @@ def test_a_scale_far_below_what_the_gradients_allow_while_some_underflow():
       ev, numerics=fixed)) is None
 
 
+def test_a_skips_cause_supersedes_loss_scale_trouble_and_the_falling_scale():
+  """docs/diagnosis.md: the skipped steps' cause supersedes loss-scale trouble and the
+  loss scale falling. The same run without its replayed forward overflow raises
+  both (so their absence is the precedence, not a quiet run); with it, neither runs
+  and both count as checked and clear."""
+  grad = _values({-2: 90, -40: 10}, 0.45)  # As above: a scale that fell 32x.
+  cause = records.Overflow(step=3, loss_scale=2048.0, op="Einsum", layer="attention",
+                           output="float16 [8, 2, 8, 8]", kind="+Inf")
+  found = records.Numerics("mixed_float16", "dynamic", [
+      _sampled(6, 32768.0, grad), _sampled(200, 1024.0, grad)], overflows=[cause])
+  run = RunSummary(policy="mixed_float16", status="completed", steps=200,
+                   skipped_steps=40, loss_scale=1024.0)
+  without, _ = detectors.run(Evidence(
+      run, None, numerics=dataclasses.replace(found, overflows=[])))
+  assert {"loss_scale", "loss_scale_room"} <= {f.id for f in without}
+  assert "skip_cause" not in {f.id for f in without}
+  findings, clear = detectors.run(Evidence(run, None, numerics=found))
+  ids = [f.id for f in findings]
+  assert "skip_cause" in ids
+  assert not {"loss_scale", "loss_scale_room"} & set(ids), ids
+  assert {"loss_scale", "loss_scale_room"} <= set(clear)
+
+
 def test_final_metrics_outside_float32s_seeds_are_a_finding_of_the_run():
   base = [RunSummary(policy="float32", seed=s, status="completed", val_accuracy=a,
                      train_loss=1.0) for s, a in enumerate((0.40, 0.42, 0.44))]
@@ -303,7 +326,8 @@ def _scores_max(model, ids) -> float:
   return float(np.abs(np.einsum("bthk,bshk->bhts", q / 8.0, k)).max())
 
 
-def test_attention_scores_overflowing_inside_the_layer_are_the_skips_cause(tmp_path):
+def test_attention_scores_overflowing_inside_the_layer_are_the_skips_cause(tmp_path,
+                                                                          capsys):
   """Every layer's output in float16's range, the attention scores far beyond it
   (numpy's own computation): each skipped step is replayed, the first non-finite op
   is the attention layer's own, and the first finding says so; followed (the layer
@@ -313,6 +337,7 @@ def test_attention_scores_overflowing_inside_the_layer_are_the_skips_cause(tmp_p
   assert _scores_max(model, ids) > np.finfo(np.float16).max  # The oracle.
   before = [w.numpy().copy() for w in model.weights]
   report = _fit_under_mpt(model, tmp_path / "f16")
+  printed = capsys.readouterr().out
   found = records.read(tmp_path / "f16")
   assert found.overflows and found.overflows[0].layer == "attention"
   assert not found.overflows[0].backward and found.overflows[0].op
@@ -329,8 +354,13 @@ def test_attention_scores_overflowing_inside_the_layer_are_the_skips_cause(tmp_p
   # The scores scaled (numpy's, above) still pass 65504: the order is not the issue.
   assert "the order of the ops" not in " ".join(first["evidence"])
   assert 'dtype="float32"' in first["next_step"]
-  underflow = [f for f in report["findings"] if f["id"] == "gradient_underflow"]
-  assert all("a consequence of" in f["title"] for f in underflow)
+  # Loss-scale trouble and the falling scale: superseded by the cause (diagnosis.md).
+  assert not {"loss_scale", "loss_scale_room"} & {f["id"] for f in report["findings"]}
+  assert {"loss_scale", "loss_scale_room"} <= set(report["checked_clear"])
+  # The underflow that follows the collapsed scale: said once, as its consequence (low).
+  [underflow] = [f for f in report["findings"] if f["id"] == "gradient_underflow"]
+  assert "a consequence of Einsum" in underflow["title"], underflow["title"]
+  assert underflow["severity"] == "low"
   # The replays moved nothing: every step was skipped, so the weights are the ones
   # the run started with (a replay that trained would have moved them).
   ran = json.loads((tmp_path / "f16" / "summary.json").read_text())
@@ -343,6 +373,17 @@ def test_attention_scores_overflowing_inside_the_layer_are_the_skips_cause(tmp_p
   # Each replayed skip's cause, in the run's TensorBoard text too.
   [(_, text)] = helpers.read_events(tmp_path / "f16")["numerics/skipped"][-1:]
   assert text.count("Einsum in attention went") == overflow.MAX_REPLAYS
+  # The skips past the replays' bound: counted in numerics.json, said once as the
+  # run goes, and in the TensorBoard text and the finding's evidence.
+  later = ran["skipped_steps"] - overflow.MAX_REPLAYS
+  assert later == 3 and found.skipped_not_replayed == later
+  assert printed.count("skipped steps were replayed already, the rest are counted "
+                       "only") == 1, printed
+  assert (f"mpt: step {overflow.MAX_REPLAYS + 1} skipped; {overflow.MAX_REPLAYS} "
+          "skipped steps were replayed already") in printed, printed
+  assert text.endswith(f"- {later} later skipped steps not replayed"), text
+  assert f"{later} later skipped steps were not replayed (a bounded number are)" in \
+      first["evidence"], first["evidence"]
 
   skipped = json.loads((tmp_path / "f16" / "summary.json").read_text())["skipped_steps"]
   followed = _fit_under_mpt(_attention_classifier("mixed_float16", "float32"),

@@ -13,6 +13,9 @@ from helpers import DATA
 
 
 def test_the_rows_are_the_kernel_tables_own_for_the_families_asked():
+  """The rows' shape only: their ops, dtypes, a time each and float32's ratio 1. What
+  a kernel costs here is the host's, so no figure is asserted (the timing rules are
+  tests/measure/test_timer.py's, on recorded calls)."""
   found = gradkernels.table(["conv"])
   assert {(r["op"], r["dtype"]) for r in found["rows"]} == {
       ("Conv2DBackpropFilter", d) for d in kernels.DTYPES}

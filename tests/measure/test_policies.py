@@ -103,6 +103,9 @@ def test_a_plan_written_by_mpt_is_applied_by_keras_alone(tmp_path):
   assert _computed(_net()) == {"conv": "bfloat16", "bn": "float32", "gap": "bfloat16",
                                "dense": "bfloat16", "probs": "float32"}
   assert "set_global_policy" in speech.apply_line(where)
+  # The layer the map cannot hold, in the line a run prints too (docs/usage.md).
+  assert f"{where}; " in speech.plan_line(where, plan[1])
+  assert "not in it: gap (" in speech.plan_line(where, plan[1])
 
 
 def test_under_float32_a_wrappers_copies_follow_and_a_pin_in_the_graph_does_not():

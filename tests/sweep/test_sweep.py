@@ -576,3 +576,32 @@ def test_a_seeded_sweep_reports_accuracy_beside_speed_and_which_policy_stayed_wi
   said = "\n".join(report["accuracy"])
   assert "mixed_bfloat16 at seed_convnet 64 px b32 fit: within float32's spread" in said
   assert "mixed_float16 at seed_convnet 64 px b32 fit: OUTSIDE" in said
+
+
+def test_a_ray_task_started_with_sigint_ignored_listens_for_its_cancel(monkeypatch):
+  """The fast guard of the cluster's Ctrl-C fix (the slow one: test_cluster.py's
+  `&`-started sweep): a worker that inherited SIGINT ignored gets Python's handler
+  back on its main thread, so a non-forced ray.cancel raises there; on another thread
+  nothing changes."""
+  import signal
+  import threading
+  from mpt.sweep import cluster
+  before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+  try:
+    seen = []
+    worker = threading.Thread(target=lambda: (cluster._listen_for_cancel(),
+                                              seen.append(signal.getsignal(signal.SIGINT))))
+    worker.start()
+    worker.join()
+    assert seen == [signal.SIG_IGN]
+    cluster._listen_for_cancel()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    # The task itself listens before its cell starts.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    handlers = []
+    monkeypatch.setattr(cluster.cell_lib, "run_cell", lambda cfg, cell, *a: (
+        handlers.append(signal.getsignal(signal.SIGINT)) or cell))
+    cluster._run_on_node(None, cells.Cell(), None, None)
+    assert handlers == [signal.default_int_handler]
+  finally:
+    signal.signal(signal.SIGINT, before)

@@ -1,7 +1,8 @@
 """When a run samples its numerics (docs/usage.md, `--numerics`): `auto` samples a
 run that computes in 16 bits, by its policy or by a --layer_policy that gives some
 layers a 16-bit policy, and every --mode=inspect; `on` and `off` say so whatever the
-policy. The expectations are the docs' table, written out here."""
+policy. The expectations are the docs' table, written out here. And which batch a
+skipped step's replay reads (mpt/train/common/numerics.py `Watch`)."""
 
 import pytest
 
@@ -52,3 +53,37 @@ def test_a_scripts_policy_map_is_16_bit_where_any_of_its_layers_is(
   finally:
     keras.mixed_precision.set_global_policy(previous)
   assert bool(found) is sampled
+
+
+def test_the_command_line_replays_the_batch_of_the_step_it_skipped(tmp_path):
+  """A skipped step's batch, replayed by the command line's watch on the run's own
+  stream (`train_from(k)`: from batch k on, 0-based, as mpt/train/cli/data.py gives
+  it), is that step's: here only batch 2 (step 3) overflows float16 in its Dense."""
+  import types
+  import keras
+  import numpy as np
+  import tensorflow as tf
+  from mpt.records import numerics as records
+  from mpt.train.common import precision
+  keras.mixed_precision.set_global_policy("mixed_float16")
+  x = np.ones((6 * 2, 10), "float32")
+  x[2 * 2:3 * 2] = 1e4  # 10 x 1e4 under all-ones weights: above float16's 65504.
+  stream = tf.data.Dataset.from_tensor_slices((x, np.zeros((12, 1), "float32"))).batch(2)
+  data = types.SimpleNamespace(train_from=lambda step: stream.skip(step))
+  model = keras.Sequential([keras.Input((10,)), keras.layers.Dense(
+      1, kernel_initializer="ones", name="dense")])
+  optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(1e-9),
+                                                  initial_scale=1.0)
+  model.compile(optimizer, "mse")
+  done = [0]
+  count = keras.callbacks.LambdaCallback(
+      on_train_batch_end=lambda batch, logs: done.__setitem__(0, done[0] + 1))
+  loss = keras.losses.MeanSquaredError()
+  watch = numerics.Watch(numerics.Source(
+      lambda: model, numerics.of_data(data), lambda: numerics.sparse_loss(loss),
+      lambda: precision.loss_scale(optimizer)), records.Numerics("mixed_float16", "dynamic"),
+      tmp_path, 100, lambda: done[0])
+  model.fit(data.train_from(0), epochs=1, verbose=0, shuffle=False,
+            callbacks=[count, watch])
+  assert [(o.step, o.layer, o.kind) for o in watch.found.overflows] == \
+      [(3, "dense", "+Inf")], watch.found.overflows

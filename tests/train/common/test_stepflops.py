@@ -227,6 +227,21 @@ def test_mobilenet_v2_counts_its_depthwise_convolutions_both_ways():
   assert not found.uncounted
 
 
+def test_depthwise_convolutions_alone_count_forward_filter_and_input_gradients():
+  """Only depthwise convolutions, so that each of their three ops is a third or more
+  of the count and the tolerance hides none: each output element is one input
+  channel's kh x kw window (2 FLOPs per multiply-add), forward, the filter's gradient,
+  and the input's gradient at the second layer only (the first's is pruned)."""
+  model = keras.Sequential([
+      keras.Input((8, 8, 3)),
+      keras.layers.DepthwiseConv2D(3, depth_multiplier=2, padding="same"),  # 8x8x6.
+      keras.layers.DepthwiseConv2D(3, strides=2)])  # 3x3x6.
+  found = stepflops.of_step(train_step(model), tf.zeros([2, 8, 8, 3]))
+  first, second = 2 * 2 * (8 * 8 * 6) * 9, 2 * 2 * (3 * 3 * 6) * 9
+  assert found.matmul == pytest.approx(2 * first + 3 * second, rel=0.01), found
+  assert not found.uncounted
+
+
 class Float32Inside(keras.layers.Layer):
   """A layer under a 16-bit policy whose own matmul runs in float32 (as a float32
   logits projection does)."""
