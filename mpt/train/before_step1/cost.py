@@ -16,7 +16,7 @@ agree; a candidate stopped by the budget is a bound ("at most 8.7x float32's tim
 never an estimate. The budget: the calls after the first ones may take two of float32's
 steps and BUDGET_S more, and the whole measurement, traces included, at most SHARE of
 the training the run plans (its planned steps at the step's time). A policy whose ops
-the machine's cached kernel table measured PATHOLOGICAL times float32's is not run
+the machine's cached kernel table measured fastpath.PATHOLOGICAL times float32's is not run
 unless it is the run's own: its step is float32's by that ratio (a mixed_float16 step of
 the seed convnet takes 13-17 s on a Sapphire Rapids; the table knows). Where no table is
 cached, the model's weight-gradient kernels are timed in this process instead
@@ -66,7 +66,6 @@ from mpt.train.common.plan import Plan
 
 ENV = "MPT_COST"
 ALWAYS = "always"
-PATHOLOGICAL = fastpath.PATHOLOGICAL  # a kernel table ratio: predicted, not run
 # Milliseconds of calls after the first ones allowed besides two of float32's steps (a
 # candidate's first call optimises its graph: it counts as its trace).
 BUDGET_S = 5.0
